@@ -1,0 +1,3 @@
+from basin.cli import main
+
+main()

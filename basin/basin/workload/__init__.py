@@ -1,0 +1,77 @@
+"""Agent workloads: the session/call model, synthetic generators, the Mooncake trace loader, arrival
+processes and the JSONL session file. `load_workload` is the one entry point the CLI and every
+component use to turn a user's `--workload` into sessions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from basin.errors import BasinError, InputFileError
+from basin.workload.arrivals import Arrival, RateSchedule, poisson_arrivals
+from basin.workload.model import Call, Session
+from basin.workload.mooncake import load_mooncake, looks_like_trace
+from basin.workload.sessionfile import read_sessions, write_sessions
+from basin.workload.stats import PUBLISHED, WorkloadStats, compute_stats
+from basin.workload.synthetic import PROFILES, generate
+from basin.workload.transforms import scale_outputs, scale_tool_time
+
+SYNTHETIC = tuple(PROFILES)
+
+__all__ = [
+    "PUBLISHED",
+    "SYNTHETIC",
+    "Arrival",
+    "Call",
+    "RateSchedule",
+    "Session",
+    "WorkloadStats",
+    "compute_stats",
+    "load_workload",
+    "poisson_arrivals",
+    "write_sessions",
+]
+
+
+def _first_record(path: Path) -> object:
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if line.strip():
+                try:
+                    return json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise InputFileError(str(path), number, f"not valid JSON ({exc.msg})") from None
+    raise InputFileError(str(path), None, "the file is empty")
+
+
+def load_workload(
+    spec: str,
+    seed: int = 0,
+    tool_time_scale: float = 1.0,
+    output_scale: float = 1.0,
+    sessions: int | None = None,
+) -> list[Session]:
+    """Sessions for `spec`: a synthetic workload name, a session file, or a Mooncake trace (detected
+    from its first line). `sessions` limits a synthetic workload's size or a file's first sessions."""
+    if tool_time_scale < 0:
+        raise BasinError(f"--tool-time-scale must not be negative, got {tool_time_scale}")
+    if output_scale <= 0:
+        raise BasinError(f"--output-scale must be positive, got {output_scale}")
+    if sessions is not None and sessions < 1:
+        raise BasinError(f"--sessions must be at least 1, got {sessions}")
+    if spec in PROFILES:
+        loaded = generate(spec, seed=seed, sessions=sessions)
+    else:
+        path = Path(spec)
+        if path.is_dir():
+            raise BasinError(f"workload {spec!r} is a folder; give a session file or a Mooncake trace")
+        if not path.is_file():
+            choices = ", ".join(SYNTHETIC)
+            raise BasinError(
+                f"unknown workload {spec!r}: choose one of {choices},"
+                " or give the path of a session file or a Mooncake trace"
+            )
+        loaded = load_mooncake(path) if looks_like_trace(_first_record(path)) else read_sessions(path)
+        if sessions is not None:
+            loaded = loaded[:sessions]
+    return [scale_outputs(scale_tool_time(s, tool_time_scale), output_scale) for s in loaded]

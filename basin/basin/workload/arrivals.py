@@ -1,0 +1,125 @@
+"""Session arrival processes: Poisson with a piecewise-constant rate, and a warm start.
+
+Arrivals draw trajectories from a pool in shuffled rounds (every trajectory once per round), so long
+runs replay the pool evenly, as the paper's driver replays its recorded trajectories.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from basin.errors import BasinError
+from basin.workload.model import Session
+
+
+@dataclass(frozen=True)
+class RateSchedule:
+    """Arrival rate over a run, in sessions per minute.
+
+    `base_rate` until the surge, `base_rate * surge_factor` during it, then `post_surge_rate` (the base
+    rate if not given) until `duration_min`. A surge factor of 2.0 is a "+100 %" surge.
+    """
+
+    base_rate: float
+    duration_min: float
+    surge_factor: float = 1.0
+    surge_start_min: float = 0.0
+    surge_minutes: float = 0.0
+    post_surge_rate: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.base_rate < 0:
+            raise BasinError(f"base rate must not be negative, got {self.base_rate}")
+        if self.post_surge_rate is not None and self.post_surge_rate < 0:
+            raise BasinError(f"post-surge rate must not be negative, got {self.post_surge_rate}")
+        if self.duration_min <= 0:
+            raise BasinError(f"duration must be positive, got {self.duration_min} min")
+        if self.surge_factor < 0:
+            raise BasinError(f"surge factor must not be negative, got {self.surge_factor}")
+        if self.surge_start_min < 0 or self.surge_minutes < 0:
+            raise BasinError("surge start and length must not be negative")
+        if self.surge_minutes > 0 and self.surge_end_min > self.duration_min:
+            raise BasinError(
+                f"the surge ends at minute {self.surge_end_min:g}, past the end of the run"
+                f" ({self.duration_min:g} min)"
+            )
+
+    @property
+    def surge_end_min(self) -> float:
+        return self.surge_start_min + self.surge_minutes
+
+    def segments(self) -> list[tuple[float, float, float, bool]]:
+        """(start_min, end_min, rate_per_min, in_surge) pieces covering the run."""
+        if self.surge_minutes <= 0:
+            return [(0.0, self.duration_min, self.base_rate, False)]
+        after = self.base_rate if self.post_surge_rate is None else self.post_surge_rate
+        pieces = [
+            (0.0, self.surge_start_min, self.base_rate, False),
+            (self.surge_start_min, self.surge_end_min, self.base_rate * self.surge_factor, True),
+            (self.surge_end_min, self.duration_min, after, False),
+        ]
+        return [p for p in pieces if p[1] > p[0]]
+
+    def expected_arrivals(self, start_min: float = 0.0, end_min: float | None = None) -> float:
+        end = self.duration_min if end_min is None else end_min
+        return sum(rate * max(0.0, min(b, end) - max(a, start_min)) for a, b, rate, _ in self.segments())
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A session entering the system at `time_s`, starting at call `first_call` (0 unless warm)."""
+
+    time_s: float
+    session: Session
+    instance_id: str
+    first_call: int = 0
+    in_surge: bool = False
+    warm: bool = False
+
+
+class _PoolDrawer:
+    """Draws trajectories in shuffled rounds, naming each use uniquely."""
+
+    def __init__(self, pool: Sequence[Session], rng: np.random.Generator) -> None:
+        if not pool:
+            raise BasinError("the workload holds no sessions")
+        self._pool, self._rng, self._order, self._count = pool, rng, [], 0
+
+    def draw(self) -> tuple[Session, str]:
+        if not self._order:
+            self._order = list(self._rng.permutation(len(self._pool)))
+        session = self._pool[int(self._order.pop())]
+        self._count += 1
+        return session, f"{session.session_id}#{self._count}"
+
+
+def poisson_arrivals(
+    schedule: RateSchedule, pool: Sequence[Session], rng: np.random.Generator, warm_sessions: int = 0
+) -> list[Arrival]:
+    """Warm-start sessions at time 0, then Poisson arrivals following `schedule`, in time order.
+
+    A warm session joins mid-trajectory: it starts at a call drawn uniformly from its calls, as if it
+    had been running already (the paper's runs start from steady operation with 42 active sessions).
+    """
+    if warm_sessions < 0:
+        raise BasinError(f"warm sessions must not be negative, got {warm_sessions}")
+    drawer = _PoolDrawer(pool, rng)
+    arrivals = []
+    for _ in range(warm_sessions):
+        session, instance = drawer.draw()
+        first_call = int(rng.integers(len(session.calls)))
+        arrivals.append(Arrival(0.0, session, instance, first_call=first_call, warm=True))
+    for start, end, rate, in_surge in schedule.segments():
+        if rate <= 0:
+            continue
+        t = start
+        while True:
+            t += rng.exponential(1.0 / rate)
+            if t >= end:
+                break
+            session, instance = drawer.draw()
+            arrivals.append(Arrival(t * 60.0, session, instance, in_surge=in_surge))
+    return arrivals

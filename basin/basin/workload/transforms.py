@@ -1,0 +1,40 @@
+"""Sensitivity knobs applied to any workload (paper §7: tool time and output length scaled ×3)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from basin.workload.model import Call, Session
+
+
+def scale_tool_time(session: Session, factor: float) -> Session:
+    """Multiply every tool gap by `factor`."""
+    if factor < 0:
+        raise ValueError(f"tool-time scale must not be negative, got {factor}")
+    if factor == 1:
+        return session
+    calls = tuple(replace(c, tool_gap_s=c.tool_gap_s * factor) for c in session.calls)
+    return replace(session, calls=calls)
+
+
+def scale_outputs(session: Session, factor: float) -> Session:
+    """Multiply output lengths by `factor` (a non-empty output keeps at least one token).
+
+    Later prompts resend the outputs, so each prompt grows by the extra output tokens of all earlier
+    calls; the new suffixes stay as they were.
+    """
+    if factor <= 0:
+        raise ValueError(f"output scale must be positive, got {factor}")
+    if factor == 1:
+        return session
+    calls: list[Call] = []
+    extra = 0
+    for call in session.calls:
+        output = max(1, round(call.output_tokens * factor)) if call.output_tokens else 0
+        prompt = call.prompt_tokens + extra
+        new = prompt if not calls else call.new_tokens
+        calls.append(
+            Call(prompt_tokens=prompt, new_tokens=new, output_tokens=output, tool_gap_s=call.tool_gap_s)
+        )
+        extra += output - call.output_tokens
+    return replace(session, calls=tuple(calls))

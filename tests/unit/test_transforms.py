@@ -1,0 +1,28 @@
+import pytest
+
+from basin.workload import compute_stats, load_workload
+from basin.workload.synthetic import generate
+from basin.workload.transforms import scale_outputs, scale_tool_time
+
+
+def test_output_scale_grows_later_prompts_and_keeps_new_suffixes() -> None:
+    (session,) = generate("terminal-bench", seed=4, sessions=1)
+    scaled = scale_outputs(session, 3.0)
+    scaled.validate()
+    extra = 0
+    for index, (before, after) in enumerate(zip(session.calls, scaled.calls, strict=True)):
+        assert after.prompt_tokens == before.prompt_tokens + extra
+        assert after.output_tokens == max(1, round(before.output_tokens * 3))
+        assert after.new_tokens == (after.prompt_tokens if index == 0 else before.new_tokens)
+        extra += after.output_tokens - before.output_tokens
+    assert scaled.peak_context_tokens > session.peak_context_tokens
+
+
+def test_tool_time_scale_multiplies_gaps_only() -> None:
+    sessions = generate("terminal-bench", seed=0, sessions=20)
+    base, slow = compute_stats(sessions), compute_stats(load_workload("terminal-bench", 0, 3.0, sessions=20))
+    assert slow.median_tool_gap_s == pytest.approx(3 * base.median_tool_gap_s)
+    assert slow.median_prompt_tokens == base.median_prompt_tokens
+    assert scale_tool_time(sessions[0], 1.0) is sessions[0]
+    with pytest.raises(ValueError):
+        scale_tool_time(sessions[0], -1)
