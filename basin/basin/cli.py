@@ -23,38 +23,43 @@ _WORKLOAD_HELP = (
 )
 
 
-def workload_options(command):  # type: ignore[no-untyped-def]
-    """The options every command that reads a workload shares."""
-    for option in reversed(
-        [
-            click.option("--workload", "workload", required=True, metavar="NAME|FILE", help=_WORKLOAD_HELP),
-            click.option(
-                "--seed", type=int, default=0, show_default=True, help="Seed of a synthetic workload."
-            ),
-            click.option(
-                "--sessions",
-                type=int,
-                default=None,
-                help="Generate this many sessions (synthetic) or read only the first ones (file).",
-            ),
-            click.option(
-                "--tool-time-scale",
-                type=float,
-                default=1.0,
-                show_default=True,
-                help="Multiply every tool gap.",
-            ),
-            click.option(
-                "--output-scale",
-                type=float,
-                default=1.0,
-                show_default=True,
-                help="Multiply output lengths (later prompts grow by the extra tokens).",
-            ),
-        ]
-    ):
-        command = option(command)
-    return command
+def workload_options(default: str | None = None):  # type: ignore[no-untyped-def]
+    """The options every command that reads a workload shares (`--workload` required without default)."""
+    # click treats an explicit default=None as a default, so pass either `required` or `default`.
+    chosen = {"required": True} if default is None else {"default": default, "show_default": True}
+    options = [
+        click.option("--workload", "workload", metavar="NAME|FILE", help=_WORKLOAD_HELP, **chosen),
+        click.option(
+            "--seed",
+            type=int,
+            default=0,
+            show_default=True,
+            help="Seed of the synthetic workload and of the run.",
+        ),
+        click.option(
+            "--sessions",
+            type=int,
+            default=None,
+            help="Generate this many sessions (synthetic) or read only the first ones (file).",
+        ),
+        click.option(
+            "--tool-time-scale", type=float, default=1.0, show_default=True, help="Multiply every tool gap."
+        ),
+        click.option(
+            "--output-scale",
+            type=float,
+            default=1.0,
+            show_default=True,
+            help="Multiply output lengths (later prompts grow by the extra tokens).",
+        ),
+    ]
+
+    def decorate(command):  # type: ignore[no-untyped-def]
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -69,7 +74,7 @@ def workload() -> None:
 
 
 @workload.command("stats")
-@workload_options
+@workload_options()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 def workload_stats(
     workload: str, seed: int, sessions: int | None, tool_time_scale: float, output_scale: float, as_json: bool
@@ -111,7 +116,7 @@ def _format_number(value: float) -> str:
 
 
 @workload.command("export")
-@workload_options
+@workload_options()
 @click.option(
     "--out",
     "out",
@@ -138,6 +143,204 @@ def workload_export(
         count = write_sessions(loaded, handle)
     tmp.replace(path)  # never leave a half-written session file behind
     click.echo(f"wrote {count} sessions to {path}", err=True)
+
+
+@cli.command("simulate")
+@click.option(
+    "--deployment",
+    default="h100-1p1d",
+    show_default=True,
+    metavar="PRESET",
+    help="h100-1p1d, h200-1p1d, h200-1p2d, h200-1p3d or h200-2p6d.",
+)
+@click.option(
+    "--host-tier",
+    type=float,
+    default=None,
+    help="Host tier as a multiple of the GPU prefix cache (0: GPU-only). Default: the preset's.",
+)
+@click.option(
+    "--allocation-policy",
+    "allocation",
+    default=None,
+    metavar="early|prefill_complete",
+    help="When decode reserves KV: before prefill (SGLang's default) or at prefill completion.",
+)
+@click.option(
+    "--router",
+    default=None,
+    metavar="cache_aware|affinity|least_loaded",
+    help="Prefill routing across prefill instances.",
+)
+@click.option("--policy", default="hicache", show_default=True, help="Session policy.")
+@workload_options(default="terminal-bench")
+@click.option("--base-rate", type=float, required=True, help="Session arrivals per minute.")
+@click.option(
+    "--surge-factor",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Arrival-rate multiplier during the surge (2.0 = +100 %).",
+)
+@click.option("--surge-start-min", type=float, default=15.0, show_default=True)
+@click.option("--surge-minutes", type=float, default=0.0, show_default=True, help="0: no surge.")
+@click.option("--post-surge-rate", type=float, default=None, help="Arrivals per minute after the surge.")
+@click.option("--duration-min", type=float, default=120.0, show_default=True)
+@click.option(
+    "--warm-sessions",
+    type=int,
+    default=None,
+    help="Sessions running at time 0, joined mid-trajectory. Default: rate x unloaded lifetime.",
+)
+@click.option(
+    "--terminate-surge-sessions",
+    is_flag=True,
+    help="End every session that arrived during the surge when it ends (paper §3.3).",
+)
+@click.option(
+    "--json",
+    "json_out",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    default=None,
+    help="Write the full result as JSON (- for stdout).",
+)
+@click.option(
+    "--plot",
+    "plot_out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write a time-series figure (PNG).",
+)
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def simulate(
+    deployment: str,
+    host_tier: float | None,
+    allocation: str | None,
+    router: str | None,
+    policy: str,
+    workload: str,
+    seed: int,
+    sessions: int | None,
+    tool_time_scale: float,
+    output_scale: float,
+    base_rate: float,
+    surge_factor: float,
+    surge_start_min: float,
+    surge_minutes: float,
+    post_surge_rate: float | None,
+    duration_min: float,
+    warm_sessions: int | None,
+    terminate_surge_sessions: bool,
+    json_out: str | None,
+    plot_out: str | None,
+    quiet: bool,
+) -> None:
+    """Simulate agent sessions on a PD deployment and report goodput, latency and the run's state."""
+    from basin.policy import make_policy
+    from basin.sim import Simulation, SimulationConfig, get_deployment
+    from basin.workload import RateSchedule, load_workload
+
+    preset = get_deployment(deployment, host_tier=host_tier, allocation=allocation, router=router)
+    agent_policy = make_policy(policy)
+    schedule = RateSchedule(
+        base_rate=base_rate,
+        duration_min=duration_min,
+        surge_factor=surge_factor,
+        surge_start_min=surge_start_min,
+        surge_minutes=surge_minutes,
+        post_surge_rate=post_surge_rate,
+    )
+    if warm_sessions is not None and warm_sessions < 0:
+        raise BasinError(f"--warm-sessions must not be negative, got {warm_sessions}")
+    for path in (json_out, plot_out):
+        if path and path != "-" and not Path(path).parent.is_dir():
+            raise BasinError(f"cannot write {path}: the folder {Path(path).parent} does not exist")
+    pool = load_workload(workload, seed, tool_time_scale, output_scale, sessions)
+    config = SimulationConfig(
+        preset,
+        schedule,
+        seed=seed,
+        warm_sessions=warm_sessions,
+        terminate_surge_sessions=terminate_surge_sessions,
+    )
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("simulating"),
+        BarColumn(),
+        TextColumn("{task.completed:.0f}/{task.total:.0f} min"),
+        TimeElapsedColumn(),
+        disable=quiet,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("simulate", total=duration_min)
+        sim = Simulation(
+            config, agent_policy, pool, progress=lambda t: progress.update(task, completed=t / 60)
+        )
+        result = sim.run()
+    summary = result.summary
+    payload = {
+        "deployment": preset.name,
+        "host_tier": preset.host_tier,
+        "policy": policy,
+        "workload": workload,
+        "seed": seed,
+        "base_rate": base_rate,
+        "surge_factor": surge_factor,
+        "surge_start_min": surge_start_min,
+        "surge_minutes": surge_minutes,
+        "duration_min": duration_min,
+        "warm_sessions": result.warm_sessions,
+        **summary.to_dict(),
+        "events": result.events,
+        "wall_seconds": result.wall_seconds,
+    }
+    if json_out == "-":
+        click.echo(json.dumps(payload))
+    elif json_out:
+        Path(json_out).write_text(json.dumps(payload, indent=1))
+    if plot_out:
+        from basin.evaluate.plot import plot_run
+
+        plot_run(
+            summary,
+            result.records,
+            plot_out,
+            title=f"{preset.name}, {policy}, {base_rate:g}/min, surge x{surge_factor:g}",
+        )
+    if json_out != "-":
+        _print_summary(payload)
+
+
+def _print_summary(payload: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"{payload['deployment']} · {payload['policy']} · {payload['workload']} · "
+        f"{payload['base_rate']:g} sessions/min · seed {payload['seed']}"
+    )
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows = [
+        ("state", f"{payload['label']} ({payload['label_reason']})"),
+        ("goodput (sessions/h)", payload["goodput_sessions_per_h"]),
+        ("completed fraction", payload["completed_fraction"]),
+        ("shed fraction", payload["shed_fraction"]),
+        ("hit rate before trigger", payload["hit_rate_pre"]),
+        ("hit rate, last 30 min", payload["hit_rate_late"]),
+        ("median TTFT, last 30 min (s)", payload["median_ttft_late_s"]),
+        ("L_late (s)", payload["l_late_s"]),
+        ("median slowdown", payload["median_slowdown"]),
+        ("median first-call wait (s)", payload["median_first_call_wait_s"]),
+        ("events / wall seconds", f"{payload['events']:,} / {payload['wall_seconds']:.1f}"),
+    ]
+    for name, value in rows:
+        shown = (
+            "n/a" if value is None else (_format_number(value) if isinstance(value, float) else str(value))
+        )
+        table.add_row(name, shown)
+    Console().print(table)
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ runs replay the pool evenly, as the paper's driver replays its recorded trajecto
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,7 +70,9 @@ class RateSchedule:
 
 @dataclass(frozen=True)
 class Arrival:
-    """A session entering the system at `time_s`, starting at call `first_call` (0 unless warm)."""
+    """A session entering the system at `time_s`, starting at call `first_call` (0 unless warm).
+
+    A warm session is active from time 0 and releases `first_call` at `time_s`."""
 
     time_s: float
     session: Session
@@ -96,22 +98,45 @@ class _PoolDrawer:
         return session, f"{session.session_id}#{self._count}"
 
 
+def _call_tool_time(session: Session) -> np.ndarray:
+    return np.array([1.0 + c.tool_gap_s for c in session.calls])
+
+
 def poisson_arrivals(
-    schedule: RateSchedule, pool: Sequence[Session], rng: np.random.Generator, warm_sessions: int = 0
+    schedule: RateSchedule,
+    pool: Sequence[Session],
+    rng: np.random.Generator,
+    warm_sessions: int = 0,
+    call_seconds: Callable[[Session], np.ndarray] = _call_tool_time,
 ) -> list[Arrival]:
     """Warm-start sessions at time 0, then Poisson arrivals following `schedule`, in time order.
 
-    A warm session joins mid-trajectory: it starts at a call drawn uniformly from its calls, as if it
-    had been running already (the paper's runs start from steady operation with 42 active sessions).
+    Warm sessions are what steady operation would hold (the paper's runs start from 42 active sessions
+    joined mid-trajectory): an active session seen at a random instant is a long one more often (drawn
+    with probability proportional to its lifetime) and sits at a call chosen in proportion to the time
+    spent there. `call_seconds` gives the time a session spends per call (its service plus tool gap);
+    by default one second plus the gap.
     """
     if warm_sessions < 0:
         raise BasinError(f"warm sessions must not be negative, got {warm_sessions}")
-    drawer = _PoolDrawer(pool, rng)
+    if not pool:
+        raise BasinError("the workload holds no sessions")
     arrivals = []
-    for _ in range(warm_sessions):
-        session, instance = drawer.draw()
-        first_call = int(rng.integers(len(session.calls)))
-        arrivals.append(Arrival(0.0, session, instance, first_call=first_call, warm=True))
+    if warm_sessions:
+        per_call = [call_seconds(s) for s in pool]
+        lifetimes = np.array([t.sum() for t in per_call])
+        chosen = rng.choice(len(pool), size=warm_sessions, p=lifetimes / lifetimes.sum())
+        for number, index in enumerate(chosen, start=1):
+            session, times = pool[int(index)], per_call[int(index)]
+            current = int(rng.choice(len(times), p=times / times.sum()))
+            # The session is in call `current` or the tool gap after it: the next call comes after the
+            # unexpired part of that gap.
+            first_call = min(current + 1, len(times) - 1)
+            release = float(rng.uniform(0.0, session.calls[current].tool_gap_s))
+            arrivals.append(
+                Arrival(release, session, f"{session.session_id}#w{number}", first_call=first_call, warm=True)
+            )
+    drawer = _PoolDrawer(pool, rng)
     for start, end, rate, in_surge in schedule.segments():
         if rate <= 0:
             continue

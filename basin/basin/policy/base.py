@@ -1,0 +1,91 @@
+"""The policy interface shared by the simulator and the live gateway.
+
+A policy is told of session arrivals, call starts and ends and session ends, gets a telemetry snapshot
+every control interval, and answers with decisions: admit, park or reject a new session; the queue
+priority of a call; lending on or off; which parked sessions to admit or shed. It never reads a clock or
+a socket: time comes in as an argument, so the same object runs in simulation and behind HTTP.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import ClassVar
+
+
+class Admission(Enum):
+    ADMIT = "admit"  # the first call goes to the engine now
+    PARK = "park"  # the session waits at the gateway until a control step admits it
+    REJECT = "reject"  # the session is refused (counts as failed)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """What a gateway knows of a session when it arrives (its first call)."""
+
+    session_id: str
+    arrival_s: float
+    task: str
+    first_prompt_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class CallInfo:
+    """A call as the gateway sees it: its session, position and prompt."""
+
+    session_id: str
+    call_index: int
+    prompt_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Telemetry:
+    """The engine and gateway state a control step reads (from SGLang's metrics when live)."""
+
+    now: float
+    active_sessions: int  # admitted, not finished, including tool-idle ones
+    parked_sessions: int
+    working_set_tokens: int  # sum of the current contexts of active sessions
+    hit_rate: float  # prefix hit rate since the previous snapshot (NaN when no prefill started)
+    prefill_backlog_tokens: int  # outstanding uncached prefill tokens (Q_P)
+    decode_waiting_requests: int  # requests waiting for decode memory (Q_D)
+    decode_kv_used_tokens: int
+    decode_kv_capacity_tokens: int
+    lent_tokens: int
+    arrivals_per_min: float  # long-run arrival rate of new sessions
+
+
+@dataclass(slots=True)
+class CallDirectives:
+    priority: float | None = None  # lower runs first; None: arrival order (SGLang's FCFS)
+    lend: bool = False  # ask decode to keep the prompt as a lent unit
+
+
+@dataclass(slots=True)
+class ControlActions:
+    admit: list[str] = field(default_factory=list)  # parked sessions to admit now
+    shed: list[str] = field(default_factory=list)  # parked sessions to refuse now
+    next_control_s: float | None = None  # when to call on_control again (None: the policy's default)
+
+
+class Policy(ABC):
+    """Base class of every session policy; subclasses register by `name` in `basin.policy.POLICIES`."""
+
+    name: ClassVar[str]
+    control_interval_s: ClassVar[float | None] = None  # None: never called for control
+
+    @abstractmethod
+    def on_session_arrival(self, now: float, session: SessionInfo) -> Admission: ...
+
+    def on_call_start(self, now: float, call: CallInfo) -> CallDirectives:
+        return CallDirectives()
+
+    def on_call_end(self, now: float, call: CallInfo, context_tokens: int) -> None:  # noqa: B027
+        """A call finished; `context_tokens` is the session's context now (prompt plus output)."""
+
+    def on_session_end(self, now: float, session_id: str, completed: bool) -> None:  # noqa: B027
+        """A session left: completed, or terminated."""
+
+    def on_control(self, now: float, telemetry: Telemetry) -> ControlActions:
+        return ControlActions()

@@ -1,0 +1,145 @@
+"""Deployment presets and the calibrated engine constants: every number the engine model uses.
+
+Each constant says which published figure it comes from (paper §3, §4, §7.10; DESIGN.md). Model:
+Qwen3.6-35B-A3B in FP8 (30 linear-attention layers of 40), SGLang PD disaggregation, page size 64.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from basin.errors import BasinError
+
+PAGE_TOKENS = 64  # SGLang page size used in the paper's deployments (§7.2)
+
+
+@dataclass(frozen=True)
+class GpuCalibration:
+    """Per-instance capacities and costs of one GPU kind."""
+
+    name: str
+    # Prefill instance prefix cache (GPU tier), tokens. H100: 1.09M (§3). H200: ~2x H100 (§4).
+    prefill_cache_tokens: int
+    # Decode instance KV capacity, tokens. H100: 1.66M (§3). H200: ~2x H100 (§4).
+    decode_kv_tokens: int
+    # Prefill cost per new token: base + slope x position (the 10 full-attention layers grow with
+    # position). H100 saturates at ~31K uncached tokens/s at the Terminal-Bench median context (§3);
+    # H200 is 1.6-1.75x faster (§4), we use 1.7x.
+    prefill_s_per_token: float
+    prefill_s_per_token_position: float
+    prefill_chunk_tokens: int  # SGLang --chunked-prefill-size
+    prefill_chunk_overhead_s: float  # fixed cost of one forward pass
+    # Decode step = base + per request in batch + per token of running context. Batch-one decode of this
+    # A3B MoE is ~8 ms on H100; each request adds expert and sampling work; the KV read of the 10
+    # full-attention layers (~10 KB per token in FP8) adds ~4 ns per token at HBM bandwidth. Steps stay
+    # under the 50 ms ITL SLO (§7.1) unless decode concurrency grows far past memory-bound batches, as
+    # the paper sees violations only then (§7.7).
+    decode_step_base_s: float
+    decode_step_per_request_s: float
+    decode_step_per_context_token_s: float
+    # KV transfer prefill -> decode over NIXL and host-tier load-back over PCIe: a 25K-token unit moves
+    # in tens of milliseconds (§6.6).
+    transfer_s_per_token: float
+    transfer_overhead_s: float
+    load_back_s_per_token: float
+
+
+H100 = GpuCalibration(
+    name="h100",
+    prefill_cache_tokens=1_090_000,
+    decode_kv_tokens=1_660_000,
+    prefill_s_per_token=1 / 40_000,
+    prefill_s_per_token_position=2.9e-10,  # 1/40K + 25.6K x 2.9e-10 = 1/31K s per token
+    prefill_chunk_tokens=8_192,
+    prefill_chunk_overhead_s=0.004,
+    decode_step_base_s=0.008,
+    decode_step_per_request_s=0.00025,
+    decode_step_per_context_token_s=4e-9,
+    transfer_s_per_token=0.5e-6,
+    transfer_overhead_s=0.005,
+    load_back_s_per_token=0.4e-6,
+)
+
+H200 = GpuCalibration(
+    name="h200",
+    prefill_cache_tokens=2_180_000,
+    decode_kv_tokens=3_320_000,
+    prefill_s_per_token=H100.prefill_s_per_token / 1.7,
+    prefill_s_per_token_position=H100.prefill_s_per_token_position / 1.7,
+    prefill_chunk_tokens=8_192,
+    prefill_chunk_overhead_s=0.003,
+    decode_step_base_s=0.006,
+    decode_step_per_request_s=0.00018,
+    decode_step_per_context_token_s=2.5e-9,
+    transfer_s_per_token=0.4e-6,
+    transfer_overhead_s=0.004,
+    load_back_s_per_token=0.3e-6,
+)
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """A PD deployment: instance counts, GPU kind and cache/queue options."""
+
+    name: str
+    gpu: GpuCalibration
+    prefill_instances: int
+    decode_instances: int
+    host_tier: float = 2.0  # host tier capacity as a multiple of the GPU prefix cache; 0 = GPU-only
+    write_through: bool = True  # HiCache write policy on prefill
+    allocation: str = "early"  # decode KV reserved before prefill ("early", SGLang's default) or at
+    # prefill completion ("prefill_complete")
+    router: str = "cache_aware"  # prefill routing: cache_aware, affinity or least_loaded
+    reserved_decode_tokens: int = 512  # SGLang reserves room for this many output tokens per request
+    itl_slo_s: float = 0.050  # §7.1
+
+    @property
+    def prefill_cache_tokens(self) -> int:
+        return self.gpu.prefill_cache_tokens * self.prefill_instances
+
+    @property
+    def host_cache_tokens(self) -> int:
+        return int(self.gpu.prefill_cache_tokens * self.host_tier) * self.prefill_instances
+
+    @property
+    def decode_kv_tokens(self) -> int:
+        return self.gpu.decode_kv_tokens * self.decode_instances
+
+    def with_options(self, **changes: object) -> Deployment:
+        deployment = replace(self, **changes)  # type: ignore[arg-type]
+        deployment.validate()
+        return deployment
+
+    def validate(self) -> None:
+        if self.host_tier < 0:
+            raise BasinError(f"--host-tier must not be negative, got {self.host_tier}")
+        if self.allocation not in ALLOCATIONS:
+            raise BasinError(
+                f"unknown allocation policy {self.allocation!r}; choose {', '.join(ALLOCATIONS)}"
+            )
+        if self.router not in ROUTERS:
+            raise BasinError(f"unknown router policy {self.router!r}; choose {', '.join(ROUTERS)}")
+
+
+ALLOCATIONS = ("early", "prefill_complete")
+ROUTERS = ("cache_aware", "affinity", "least_loaded")
+
+PRESETS: dict[str, Deployment] = {
+    # The paper's real deployments: H100 NVL 1P1D (§3) and one four-H200 node in 1P3D (§7.2); 1P2D,
+    # 1P1D and 2P6D on H200 are simulated variants (§4, §7.6).
+    "h100-1p1d": Deployment("h100-1p1d", H100, 1, 1, host_tier=0.0),
+    "h200-1p1d": Deployment("h200-1p1d", H200, 1, 1),
+    "h200-1p2d": Deployment("h200-1p2d", H200, 1, 2),
+    "h200-1p3d": Deployment("h200-1p3d", H200, 1, 3),
+    "h200-2p6d": Deployment("h200-2p6d", H200, 2, 6),
+}
+
+
+def get_deployment(name: str, host_tier: float | None = None, **options: object) -> Deployment:
+    """A preset by name, with `host_tier` and other options overriding its defaults."""
+    if name not in PRESETS:
+        raise BasinError(f"unknown deployment {name!r}; choose one of {', '.join(PRESETS)}")
+    changes: dict[str, object] = {k: v for k, v in options.items() if v is not None}
+    if host_tier is not None:
+        changes["host_tier"] = host_tier
+    return PRESETS[name].with_options(**changes)

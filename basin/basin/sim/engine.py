@@ -1,0 +1,554 @@
+"""The engine model of an SGLang PD deployment: prefill instances, decode instances and the router.
+
+Driven by an `Environment`; the simulator runs it in virtual time, the emulator in real time. A call's
+path (SGLang's default, `allocation="early"`):
+  router picks prefill and decode instances -> decode prealloc queue reserves KV for prompt + reserved
+  output tokens -> prefill waiting queue -> chunked prefill (prefix match, host load-back, compute)
+  -> KV transfer -> decode batch -> done.
+With `allocation="prefill_complete"` the decode reservation waits until prefill finishes, and prefill
+keeps the request's pages locked until the transfer ends.
+
+Decode runs as continuous batching in closed form: every running request gains one token per step, so
+progress is a per-instance step counter V; a request finishes when V reaches its join value plus its
+output. Events happen only when the batch changes, not at every step.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from basin.sim.costs import (
+    decode_step_seconds,
+    load_back_seconds,
+    prefill_seconds,
+    transfer_seconds,
+)
+from basin.sim.deployments import PAGE_TOKENS, Deployment, GpuCalibration
+from basin.sim.env import Environment, Timer
+from basin.sim.radix import Node, RadixCache
+
+
+@dataclass(eq=False, slots=True)
+class Request:
+    """One call in the engine. The owner fills the first block; the engine fills the rest."""
+
+    rid: int
+    owner: Any  # the session state that submitted it (opaque to the engine)
+    route_key: str  # stable per session (affinity routing)
+    prompt_tokens: int
+    output_tokens: int
+    keys: tuple[int, ...]  # page keys of the prompt's full pages
+    priority: float | None = None
+    released_at: float = 0.0
+    # engine state
+    state: str = "new"
+    prefill: PrefillInstance | None = None
+    decode: DecodeInstance | None = None
+    reserved_tokens: int = 0
+    cached_gpu_tokens: int = 0
+    cached_host_tokens: int = 0
+    remaining_prefill: int = 0
+    position: int = 0
+    allocated_pages: int = 0
+    match_node: Node | None = None
+    leaf_node: Node | None = None
+    prefill_started_at: float | None = None
+    prefill_done_at: float | None = None
+    first_token_at: float | None = None
+    done_at: float | None = None
+    join_v: float = 0.0
+    finish_v: float = 0.0
+    join_violations: float = 0.0
+    itl_violating_steps: float = 0.0
+    generated_before_retract: int = 0
+    retractions: int = 0
+    queue_seq: int = 0
+
+    @property
+    def queue_key(self) -> tuple[float, int]:
+        return (0.0 if self.priority is None else self.priority, self.queue_seq)
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.cached_gpu_tokens + self.cached_host_tokens
+
+
+class EngineObserver(Protocol):
+    """Hooks the engine reports through (the metrics store, the session driver)."""
+
+    def on_prefill_start(self, request: Request, now: float) -> None: ...
+    def on_prefill_done(self, request: Request, now: float, uncached_tokens: int) -> None: ...
+    def on_first_token(self, request: Request, now: float) -> None: ...
+    def on_request_done(self, request: Request, now: float) -> None: ...
+
+
+class _Queue:
+    """A priority queue of requests (FIFO among equal priorities) that skips removed entries."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[tuple[float, int], Request]] = []
+        self._members: set[int] = set()
+        self.tokens = 0  # sum of prompt tokens of members
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def push(self, request: Request) -> None:
+        heapq.heappush(self._heap, (request.queue_key, request))
+        self._members.add(request.rid)
+        self.tokens += request.prompt_tokens
+
+    def _clean(self) -> None:
+        while self._heap and self._heap[0][1].rid not in self._members:
+            heapq.heappop(self._heap)
+
+    def peek(self) -> Request | None:
+        self._clean()
+        return self._heap[0][1] if self._heap else None
+
+    def pop(self) -> Request:
+        self._clean()
+        _, request = heapq.heappop(self._heap)
+        self._members.discard(request.rid)
+        self.tokens -= request.prompt_tokens
+        return request
+
+    def remove(self, request: Request) -> bool:
+        if request.rid not in self._members:
+            return False
+        self._members.discard(request.rid)
+        self.tokens -= request.prompt_tokens
+        return True
+
+
+class PrefillInstance:
+    def __init__(self, engine: PDEngine, index: int) -> None:
+        deployment = engine.deployment
+        gpu = deployment.gpu
+        self.engine = engine
+        self.index = index
+        self.gpu: GpuCalibration = gpu
+        self.cache = RadixCache(
+            gpu_pages=gpu.prefill_cache_tokens // PAGE_TOKENS,
+            host_pages=int(gpu.prefill_cache_tokens * deployment.host_tier) // PAGE_TOKENS,
+            write_through=deployment.write_through,
+        )
+        self.waiting = _Queue()
+        self.running: list[Request] = []  # started, not finished (chunked prefill in progress)
+        self.busy = False
+        self.backlog_tokens = 0  # uncached tokens still to compute, estimated at enqueue
+
+    def enqueue(self, request: Request) -> None:
+        request.state = "prefill_wait"
+        request.prefill = self
+        request.remaining_prefill = request.prompt_tokens - self.cache.peek(request.keys) * PAGE_TOKENS
+        self.backlog_tokens += request.remaining_prefill
+        self.waiting.push(request)
+        self._kick()
+
+    def _kick(self) -> None:
+        if not self.busy:
+            self._run_chunk()
+
+    def _start(self, request: Request, now: float) -> bool:
+        """Match, lock and allocate; False when the pages do not fit now."""
+        cache = self.cache
+        match = cache.match(request.keys, now)
+        cache.lock(match.node)
+        need = len(request.keys) - match.gpu_pages
+        if not cache.allocate(need):
+            cache.unlock(match.node)
+            return False
+        if match.host_pages:
+            cache.load_back(match)
+        request.match_node = match.node
+        request.allocated_pages = need - match.host_pages
+        request.cached_gpu_tokens = match.gpu_pages * PAGE_TOKENS
+        request.cached_host_tokens = match.host_pages * PAGE_TOKENS
+        cached = match.pages * PAGE_TOKENS
+        self.backlog_tokens += (request.prompt_tokens - cached) - request.remaining_prefill
+        request.remaining_prefill = request.prompt_tokens - cached
+        request.position = cached
+        request.prefill_started_at = now
+        request.state = "prefill"
+        self.engine.observer.on_prefill_start(request, now)
+        return True
+
+    def _run_chunk(self) -> None:
+        """Fill one forward pass of up to `prefill_chunk_tokens` new tokens and schedule its end."""
+        env, gpu = self.engine.env, self.gpu
+        budget = gpu.prefill_chunk_tokens
+        seconds = gpu.prefill_chunk_overhead_s
+        portions: list[tuple[Request, int]] = []
+        for request in self.running:
+            if budget <= 0:
+                break
+            take = min(budget, request.remaining_prefill)
+            portions.append((request, take))
+            budget -= take
+        while budget > 0:
+            head = self.waiting.peek()
+            if head is None or not self._start(head, env.now):
+                break
+            self.waiting.pop()
+            self.running.append(head)
+            seconds += load_back_seconds(gpu, head.cached_host_tokens)
+            take = min(budget, head.remaining_prefill)
+            portions.append((head, take))
+            budget -= take
+        if not portions:
+            self.busy = False
+            return
+        for request, take in portions:
+            seconds += prefill_seconds(gpu, take, request.position)
+        self.busy = True
+        env.schedule(seconds, self._chunk_done, portions)
+
+    def _chunk_done(self, portions: list[tuple[Request, int]]) -> None:
+        now = self.engine.env.now
+        for request, take in portions:
+            if request.state != "prefill":
+                continue  # aborted while its chunk ran
+            request.position += take
+            request.remaining_prefill -= take
+            self.backlog_tokens -= take
+            if request.remaining_prefill <= 0:
+                self.running.remove(request)
+                self._finish(request, now)
+        self.busy = False
+        self._run_chunk()
+
+    def _finish(self, request: Request, now: float) -> None:
+        cache = self.cache
+        leaf = cache.insert(request.keys, now, request.allocated_pages)
+        request.allocated_pages = 0
+        assert request.match_node is not None
+        cache.lock(leaf)
+        cache.unlock(request.match_node)
+        request.match_node = None
+        request.leaf_node = leaf
+        request.prefill_done_at = now
+        request.state = "prefilled"
+        self.engine.observer.on_prefill_done(request, now, request.prompt_tokens - request.cached_tokens)
+        self.engine.prefill_finished(request)
+
+    def release(self, request: Request) -> None:
+        """The KV left for decode (or the request was aborted): drop prefill's hold on its pages."""
+        if request.leaf_node is not None:
+            self.cache.unlock(request.leaf_node)
+            request.leaf_node = None
+            self._kick()  # freed pages may let a waiting request start
+
+    def abort(self, request: Request) -> None:
+        if self.waiting.remove(request):
+            self.backlog_tokens -= request.remaining_prefill
+        elif request in self.running:
+            # Its current chunk may still be computing; the chunk end skips aborted requests.
+            self.running.remove(request)
+            self.backlog_tokens -= request.remaining_prefill
+            self.cache.free(request.allocated_pages)
+            request.allocated_pages = 0
+            if request.match_node is not None:
+                self.cache.unlock(request.match_node)
+                request.match_node = None
+        self.release(request)
+
+
+class DecodeInstance:
+    def __init__(self, engine: PDEngine, index: int) -> None:
+        self.engine = engine
+        self.index = index
+        self.gpu = engine.deployment.gpu
+        self.capacity = self.gpu.decode_kv_tokens
+        self.used = 0  # reserved or held tokens
+        self.prealloc = _Queue()  # requests waiting for a reservation
+        self.batch: list[tuple[float, int, Request]] = []  # heap by finish_v
+        self.members: dict[int, Request] = {}
+        self.v = 0.0  # steps taken by the running batch since start
+        self.violations = 0.0  # steps that exceeded the ITL SLO
+        self.updated = 0.0
+        self.step_s = self.gpu.decode_step_base_s
+        self.sum_prompt = 0
+        self.sum_join_v = 0.0
+        self.timer: Timer | None = None
+        self.waiting_transfer_tokens = 0  # reserved by requests not yet decoding
+
+    # ---------------------------------------------------------------- reservations
+    def reservation(self, request: Request) -> int:
+        if request.retractions:  # a resumed request reserves what it holds and still needs
+            return request.prompt_tokens + request.output_tokens
+        return request.prompt_tokens + self.engine.deployment.reserved_decode_tokens
+
+    def request_reservation(self, request: Request) -> None:
+        request.decode = self
+        request.state = "decode_wait"
+        self.prealloc.push(request)
+        self.try_reserve()
+
+    def try_reserve(self) -> None:
+        while True:
+            head = self.prealloc.peek()
+            if head is None:
+                return
+            need = self.reservation(head)
+            if self.used + need > self.capacity and self.used > 0:
+                return
+            self.prealloc.pop()
+            self.used += need
+            head.reserved_tokens = need
+            self.waiting_transfer_tokens += need
+            self.engine.reserved(head)
+
+    @property
+    def demand_tokens(self) -> int:
+        return self.used + self.prealloc.tokens
+
+    # ---------------------------------------------------------------- batch
+    def _advance(self, now: float) -> None:
+        if self.members:
+            steps = (now - self.updated) / self.step_s
+            self.v += steps
+            if self.step_s > self.engine.deployment.itl_slo_s:
+                self.violations += steps
+        self.updated = now
+
+    def context_tokens(self) -> float:
+        return self.sum_prompt + len(self.members) * self.v - self.sum_join_v
+
+    def _reschedule(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        n = len(self.members)
+        self.step_s = decode_step_seconds(self.gpu, n, self.context_tokens())
+        while self.batch and self.batch[0][2].rid not in self.members:
+            heapq.heappop(self.batch)
+        if self.batch:
+            finish_v = self.batch[0][0]
+            delay = max(0.0, (finish_v - self.v) * self.step_s)
+            self.timer = self.engine.env.schedule(delay, self._finish_due)
+
+    def join(self, request: Request) -> None:
+        """The KV arrived: the request starts decoding."""
+        now = self.engine.env.now
+        self._advance(now)
+        self.waiting_transfer_tokens -= request.reserved_tokens
+        request.state = "decode"
+        remaining = request.output_tokens - request.generated_before_retract
+        request.join_v = self.v
+        request.finish_v = self.v + remaining
+        request.join_violations = self.violations
+        self.members[request.rid] = request
+        self.sum_prompt += request.prompt_tokens + request.generated_before_retract
+        self.sum_join_v += self.v
+        heapq.heappush(self.batch, (request.finish_v, request.rid, request))
+        self._grow_for(request)
+        self._reschedule()
+        if request.first_token_at is None:
+            request.first_token_at = now + self.step_s
+            self.engine.observer.on_first_token(request, request.first_token_at)
+
+    def _grow_for(self, request: Request) -> None:
+        """Give a request whose output outgrows its reservation the memory it will need, retracting
+        the latest-joined lower-priority requests when decode memory runs out (SGLang's retraction)."""
+        need = request.prompt_tokens + request.output_tokens - request.reserved_tokens
+        if need <= 0:
+            return
+        while self.used + need > self.capacity:
+            victims = [r for r in self.members.values() if r is not request]
+            if not victims:
+                break
+            victim = max(victims, key=lambda r: (r.queue_key, r.join_v))
+            self._retract(victim)
+        self.used += need
+        request.reserved_tokens += need
+
+    def _retract(self, request: Request) -> None:
+        generated = int(self.v - request.join_v)
+        self._leave(request)
+        request.generated_before_retract += generated
+        request.retractions += 1
+        self.engine.retracted(request)
+        self.prealloc.push(request)  # it re-reserves, then recomputes its context on decode
+        request.state = "decode_wait"
+
+    def _leave(self, request: Request) -> None:
+        del self.members[request.rid]
+        self.sum_prompt -= request.prompt_tokens + request.generated_before_retract
+        self.sum_join_v -= request.join_v
+        self.used -= request.reserved_tokens
+        request.reserved_tokens = 0
+        request.itl_violating_steps += self.violations - request.join_violations
+
+    def _finish_due(self) -> None:
+        now = self.engine.env.now
+        self.timer = None
+        self._advance(now)
+        finished = []
+        while self.batch:
+            finish_v, _, request = self.batch[0]
+            if request.rid not in self.members:
+                heapq.heappop(self.batch)
+                continue
+            if finish_v > self.v + 1e-6:
+                break
+            heapq.heappop(self.batch)
+            self._leave(request)
+            finished.append(request)
+        self._reschedule()
+        for request in finished:
+            request.state = "done"
+            request.done_at = now
+            self.engine.finished(request)
+            self.engine.observer.on_request_done(request, now)
+        self.try_reserve()
+
+    def abort(self, request: Request) -> None:
+        if self.prealloc.remove(request):
+            return
+        if request.rid in self.members:
+            self._advance(self.engine.env.now)
+            self._leave(request)
+            self._reschedule()
+        elif request.reserved_tokens:
+            self.used -= request.reserved_tokens
+            self.waiting_transfer_tokens -= request.reserved_tokens
+            request.reserved_tokens = 0
+        self.try_reserve()
+
+
+@dataclass
+class EngineCounters:
+    submitted: int = 0
+    completed: int = 0
+    aborted: int = 0
+    retractions: int = 0
+    transfers: int = 0
+    by_router: dict[str, int] = field(default_factory=dict)
+
+
+class PDEngine:
+    """The whole deployment behind its router."""
+
+    def __init__(self, env: Environment, deployment: Deployment, observer: EngineObserver) -> None:
+        deployment.validate()
+        self.env = env
+        self.deployment = deployment
+        self.observer = observer
+        self.prefills = [PrefillInstance(self, i) for i in range(deployment.prefill_instances)]
+        self.decodes = [DecodeInstance(self, i) for i in range(deployment.decode_instances)]
+        self.counters = EngineCounters()
+        self._seq = itertools.count()
+        self.requests: dict[int, Request] = {}
+
+    # ---------------------------------------------------------------- routing
+    def route_prefill(self, request: Request) -> PrefillInstance:
+        prefills = self.prefills
+        if len(prefills) == 1:
+            return prefills[0]
+        router = self.deployment.router
+        if router == "affinity":
+            return prefills[zlib.crc32(request.route_key.encode()) % len(prefills)]
+        least_loaded = min(prefills, key=lambda p: (p.backlog_tokens, p.index))
+        if router == "least_loaded":
+            return least_loaded
+        # cache_aware (SGLang router): the longest cached prefix if it covers enough of the prompt,
+        # otherwise the least loaded instance.
+        best = max(prefills, key=lambda p: (p.cache.peek(request.keys), -p.index))
+        matched = best.cache.peek(request.keys)
+        if request.keys and matched >= 0.5 * len(request.keys):
+            return best
+        return least_loaded
+
+    def route_decode(self) -> DecodeInstance:
+        return min(self.decodes, key=lambda d: (d.demand_tokens / d.capacity, d.index))
+
+    # ---------------------------------------------------------------- lifecycle
+    def submit(self, request: Request) -> None:
+        request.released_at = self.env.now
+        request.queue_seq = next(self._seq)
+        self.counters.submitted += 1
+        self.requests[request.rid] = request
+        request.prefill = self.route_prefill(request)
+        decode = self.route_decode()
+        if self.deployment.allocation == "early":
+            decode.request_reservation(request)
+        else:
+            request.decode = decode
+            request.prefill.enqueue(request)
+
+    def reserved(self, request: Request) -> None:
+        """Decode reserved KV for the request: start (early) or transfer (prefill_complete)."""
+        if request.retractions and request.prefill_done_at is not None:
+            # A retracted request recomputes its context on the decode instance, then resumes.
+            assert request.decode is not None
+            gpu = self.deployment.gpu
+            tokens = request.prompt_tokens + request.generated_before_retract
+            self.env.schedule(prefill_seconds(gpu, tokens, 0), request.decode.join, request)
+            return
+        if self.deployment.allocation == "early":
+            assert request.prefill is not None
+            request.prefill.enqueue(request)
+        else:
+            self._transfer(request)
+
+    def prefill_finished(self, request: Request) -> None:
+        if self.deployment.allocation == "early":
+            self._transfer(request)
+        else:
+            assert request.decode is not None
+            request.decode.request_reservation(request)
+
+    def _transfer(self, request: Request) -> None:
+        request.state = "transfer"
+        self.counters.transfers += 1
+        self.env.schedule(
+            transfer_seconds(self.deployment.gpu, request.prompt_tokens), self._transfer_done, request
+        )
+
+    def _transfer_done(self, request: Request) -> None:
+        if request.state != "transfer":
+            return  # aborted meanwhile
+        assert request.prefill is not None and request.decode is not None
+        request.prefill.release(request)
+        request.decode.join(request)
+
+    def retracted(self, request: Request) -> None:
+        self.counters.retractions += 1
+
+    def finished(self, request: Request) -> None:
+        self.requests.pop(request.rid, None)
+        self.counters.completed += 1
+
+    def abort(self, request: Request) -> None:
+        """Remove a request wherever it is, freeing its reservations and cache locks."""
+        if request.state in ("done", "aborted"):
+            return
+        if request.prefill is not None:
+            request.prefill.abort(request)
+        if request.decode is not None:
+            request.decode.abort(request)
+        request.state = "aborted"
+        self.requests.pop(request.rid, None)
+        self.counters.aborted += 1
+
+    # ---------------------------------------------------------------- telemetry
+    def prefill_backlog_tokens(self) -> int:
+        return sum(p.backlog_tokens for p in self.prefills)
+
+    def decode_waiting_requests(self) -> int:
+        return sum(len(d.prealloc) for d in self.decodes)
+
+    def decode_used_tokens(self) -> int:
+        return sum(d.used for d in self.decodes)
+
+    def decode_capacity_tokens(self) -> int:
+        return sum(d.capacity for d in self.decodes)
+
+    def decode_reserved_waiting_tokens(self) -> int:
+        """Decode KV reserved by requests that are not decoding yet (awaiting prefill or transfer)."""
+        return sum(d.waiting_transfer_tokens for d in self.decodes)

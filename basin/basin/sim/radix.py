@@ -1,0 +1,365 @@
+"""A paged radix prefix cache with a GPU tier and an optional host tier (SGLang's RadixCache + HiCache).
+
+Keys are sequences of page keys (one per `page_size` tokens; the simulator numbers pages, the emulator
+hashes their token content). Nodes hold runs of pages. A node lives on the GPU, on the host, or both:
+- GPU eviction takes least-recently-used *GPU leaves* (GPU nodes without GPU children) that no request
+  has locked. A node backed up on the host becomes host-only; otherwise it is deleted.
+- With write-through, every inserted node is copied to the host at once, if the host has room after
+  evicting host-only leaves (LRU).
+- A match walks GPU nodes then host-only nodes; the host part must be loaded back before use.
+Locks propagate to the root, so an unlocked node never has a locked descendant: every unlocked GPU page
+is evictable. Pages allocated for requests in flight count against GPU capacity until inserted or freed.
+Accounting invariant (checked by `check`): free + evictable + locked + in-flight = GPU capacity.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass
+
+
+class Node:
+    __slots__ = ("children", "gpu", "host", "key", "last_access", "lock", "parent")
+
+    def __init__(self, key: tuple[int, ...], parent: Node | None, now: float) -> None:
+        self.key = key
+        self.parent = parent
+        self.children: dict[int, Node] = {}
+        self.gpu = True
+        self.host = False
+        self.lock = 0
+        self.last_access = now
+
+    def __len__(self) -> int:
+        return len(self.key)
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """A matched prefix: `node` is its last node (the root for no match); `gpu_pages` are resident,
+    `host_pages` follow them and need a load-back."""
+
+    node: Node
+    gpu_pages: int
+    host_pages: int
+
+    @property
+    def pages(self) -> int:
+        return self.gpu_pages + self.host_pages
+
+
+class RadixCache:
+    def __init__(self, gpu_pages: int, host_pages: int = 0, write_through: bool = True) -> None:
+        if gpu_pages < 1 or host_pages < 0:
+            raise ValueError("cache capacities must be positive")
+        self.gpu_capacity = gpu_pages
+        self.host_capacity = host_pages
+        self.write_through = write_through and host_pages > 0
+        self.root = Node((), None, 0.0)
+        self.root.lock = 1  # never evicted
+        self.gpu_used = 0  # pages of tree nodes on the GPU
+        self.host_used = 0
+        self.locked_gpu = 0  # pages of locked tree nodes on the GPU
+        self.in_flight = 0  # pages allocated to requests, not yet in the tree
+        self._gpu_heap: list[tuple[float, int, Node]] = []
+        self._host_heap: list[tuple[float, int, Node]] = []
+        self._seq = itertools.count()
+
+    # ------------------------------------------------------------------ capacity
+    @property
+    def gpu_free(self) -> int:
+        return self.gpu_capacity - self.gpu_used - self.in_flight
+
+    @property
+    def gpu_evictable(self) -> int:
+        return self.gpu_used - self.locked_gpu
+
+    def can_allocate(self, pages: int) -> bool:
+        return pages <= self.gpu_free + self.gpu_evictable
+
+    def allocate(self, pages: int) -> bool:
+        """Reserve GPU pages for a request in flight, evicting as needed; False if they cannot fit."""
+        if not self.can_allocate(pages):
+            return False
+        if pages > self.gpu_free:
+            self.evict_gpu(pages - self.gpu_free)
+        self.in_flight += pages
+        return True
+
+    def free(self, pages: int) -> None:
+        """Return in-flight pages that will not be inserted (an aborted or duplicate request)."""
+        if pages > self.in_flight:
+            raise ValueError(f"freeing {pages} pages but only {self.in_flight} are in flight")
+        self.in_flight -= pages
+
+    # ------------------------------------------------------------------ lookups
+    def peek(self, keys: tuple[int, ...]) -> int:
+        """Pages of `keys` cached on either tier, without touching or splitting (for routers)."""
+        node, i, n = self.root, 0, len(keys)
+        while i < n:
+            child = node.children.get(keys[i])
+            if child is None:
+                break
+            length = len(child.key)
+            if keys[i : i + length] != child.key:
+                return i + _common_prefix(child.key, keys, i)
+            node = child
+            i += length
+        return i
+
+    def match(self, keys: tuple[int, ...], now: float) -> Match:
+        """Longest cached prefix of `keys`; touches the path. May split a node at the match end."""
+        node = self.root
+        gpu = host = 0
+        i, n = 0, len(keys)
+        while i < n:
+            child = node.children.get(keys[i])
+            if child is None:
+                break
+            length = len(child.key)
+            if keys[i : i + length] != child.key:
+                child = self._split(child, _common_prefix(child.key, keys, i))
+                length = len(child.key)
+            if child.gpu:
+                gpu += length
+            else:
+                host += length
+            child.last_access = now
+            node = child
+            i += length
+        self._push_if_leaf(node)
+        return Match(node, gpu, host)
+
+    def _push_if_leaf(self, node: Node) -> None:
+        # Every node on a matched path now has a new last_access; only leaves sit in the heaps.
+        if node is not self.root:
+            if node.gpu and not _has_gpu_child(node):
+                self._push_gpu(node)
+            elif not node.gpu and not node.children:
+                self._push_host(node)
+
+    def _split(self, node: Node, at: int) -> Node:
+        """Cut `node` after `at` pages; returns the new upper part (which keeps the parent link)."""
+        parent = node.parent
+        assert parent is not None
+        upper = Node(node.key[:at], parent, node.last_access)
+        upper.gpu, upper.host, upper.lock = node.gpu, node.host, node.lock
+        parent.children[upper.key[0]] = upper
+        node.key = node.key[at:]
+        node.parent = upper
+        upper.children[node.key[0]] = node
+        return upper
+
+    # ------------------------------------------------------------------ locking
+    def lock(self, node: Node) -> None:
+        while node is not self.root:
+            if node.lock == 0 and node.gpu:
+                self.locked_gpu += len(node)
+            node.lock += 1
+            node = node.parent  # type: ignore[assignment]
+
+    def unlock(self, node: Node) -> None:
+        while node is not self.root:
+            node.lock -= 1
+            if node.lock < 0:
+                raise ValueError("unlocking a node that is not locked")
+            if node.lock == 0 and node.gpu:
+                self.locked_gpu -= len(node)
+                if not _has_gpu_child(node):
+                    self._push_gpu(node)
+            node = node.parent  # type: ignore[assignment]
+
+    # ------------------------------------------------------------------ host tier
+    def load_back(self, match: Match) -> int:
+        """Bring the host-only part of a (locked) match onto the GPU; returns the pages loaded.
+
+        The caller allocates the pages first (they arrive as in-flight pages and become tree pages).
+        """
+        path = []
+        node = match.node
+        while node is not self.root and not node.gpu:
+            path.append(node)
+            node = node.parent  # type: ignore[assignment]
+        loaded = sum(len(p) for p in path)
+        if loaded > self.in_flight:
+            raise ValueError("load_back needs its pages allocated first")
+        self.in_flight -= loaded
+        for p in path:
+            p.gpu = True
+            self.gpu_used += len(p)
+            if p.lock:
+                self.locked_gpu += len(p)
+        if path and not _has_gpu_child(match.node):
+            self._push_gpu(match.node)
+        return loaded
+
+    # ------------------------------------------------------------------ insertion
+    def insert(self, keys: tuple[int, ...], now: float, in_flight_pages: int) -> Node:
+        """Insert `keys`, whose uncached part was computed into `in_flight_pages` allocated pages.
+
+        Pages another request inserted meanwhile are dropped as duplicates. Returns the last node of
+        `keys` (lock it to keep the pages until the KV transfer ends).
+        """
+        match = self.match(keys, now)
+        if match.host_pages:
+            # Our own computed copy is on the GPU already: use it instead of loading the host copy.
+            moved = min(match.host_pages, in_flight_pages)
+            self.in_flight -= moved
+            in_flight_pages -= moved
+            self._promote_path(match.node, moved)
+        remaining = len(keys) - match.pages
+        used = min(remaining, in_flight_pages)
+        self.in_flight -= in_flight_pages  # leftovers were duplicates: free them
+        node = match.node
+        if remaining <= 0:
+            return node
+        if used < remaining:
+            raise ValueError(f"inserting {remaining} new pages with only {in_flight_pages} allocated")
+        leaf = Node(tuple(keys[match.pages :]), node, now)
+        node.children[leaf.key[0]] = leaf
+        self.gpu_used += len(leaf)
+        # Host copies stay closed under ancestors, so a GPU eviction never orphans a host-only child.
+        host_parent = node is self.root or node.host
+        if self.write_through and host_parent and self._make_host_room(len(leaf)):
+            leaf.host = True
+            self.host_used += len(leaf)
+        self._push_gpu(leaf)
+        return leaf
+
+    def _promote_path(self, node: Node, pages: int) -> None:
+        path = []
+        while node is not self.root and not node.gpu:
+            path.append(node)
+            node = node.parent  # type: ignore[assignment]
+        for p in reversed(path):  # top-down: GPU nodes stay closed under ancestors
+            if pages < len(p):
+                break
+            p.gpu = True
+            self.gpu_used += len(p)
+            if p.lock:
+                self.locked_gpu += len(p)
+            pages -= len(p)
+        self.in_flight += pages  # pages that did not cover a whole node stay in flight
+
+    def _make_host_room(self, pages: int) -> bool:
+        if pages > self.host_capacity:
+            return False
+        if self.host_capacity - self.host_used < pages:
+            self.evict_host(pages - (self.host_capacity - self.host_used))
+        return self.host_capacity - self.host_used >= pages
+
+    # ------------------------------------------------------------------ eviction
+    def _push_gpu(self, node: Node) -> None:
+        heapq.heappush(self._gpu_heap, (node.last_access, next(self._seq), node))
+        if len(self._gpu_heap) > 64 and len(self._gpu_heap) > 4 * (self.gpu_used + 16):
+            self._gpu_heap = [e for e in self._gpu_heap if _gpu_evictable(e[2], e[0])]
+            heapq.heapify(self._gpu_heap)
+
+    def _push_host(self, node: Node) -> None:
+        heapq.heappush(self._host_heap, (node.last_access, next(self._seq), node))
+        if len(self._host_heap) > 64 and len(self._host_heap) > 4 * (self.host_used + 16):
+            self._host_heap = [e for e in self._host_heap if _host_evictable(e[2], e[0])]
+            heapq.heapify(self._host_heap)
+
+    def evict_gpu(self, pages: int) -> int:
+        """Evict at least `pages` GPU pages (whole nodes, LRU leaves first); returns pages evicted."""
+        evicted = 0
+        heap = self._gpu_heap
+        while evicted < pages and heap:
+            stamp, _, node = heapq.heappop(heap)
+            if not _gpu_evictable(node, stamp):
+                continue
+            evicted += len(node)
+            self.gpu_used -= len(node)
+            node.gpu = False
+            parent = node.parent
+            assert parent is not None
+            if not node.host:
+                self._delete(node)
+            elif not node.children:
+                self._push_host(node)
+            if parent is not self.root and parent.gpu and parent.lock == 0 and not _has_gpu_child(parent):
+                self._push_gpu(parent)
+        return evicted
+
+    def evict_host(self, pages: int) -> int:
+        """Evict at least `pages` host pages from host-only leaves, LRU first."""
+        evicted = 0
+        heap = self._host_heap
+        while evicted < pages and heap:
+            stamp, _, node = heapq.heappop(heap)
+            if not _host_evictable(node, stamp):
+                continue
+            evicted += len(node)
+            self.host_used -= len(node)
+            node.host = False
+            parent = node.parent
+            self._delete(node)
+            if parent is not None and parent is not self.root and not parent.gpu and not parent.children:
+                self._push_host(parent)
+        return evicted
+
+    def _delete(self, node: Node) -> None:
+        parent = node.parent
+        assert parent is not None and not node.children
+        del parent.children[node.key[0]]
+        node.parent = None
+
+    # ------------------------------------------------------------------ checks
+    def check(self) -> None:
+        """Recount everything from the tree and compare with the counters (tests call this)."""
+        gpu = host = locked = 0
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            assert node.gpu or node.host, "a node must live somewhere"
+            if node.gpu:
+                assert node.parent is self.root or node.parent.gpu, "GPU nodes are closed under ancestors"
+                gpu += len(node)
+                locked += len(node) if node.lock else 0
+            host += len(node) if node.host else 0
+            for child in node.children.values():
+                assert child.parent is node and child.lock <= node.lock
+                assert node.host or not child.host, "host copies are closed under ancestors"
+                stack.append(child)
+        assert gpu == self.gpu_used, (gpu, self.gpu_used)
+        assert host == self.host_used, (host, self.host_used)
+        assert locked == self.locked_gpu, (locked, self.locked_gpu)
+        assert self.in_flight >= 0
+        assert self.gpu_free + self.gpu_evictable + self.locked_gpu + self.in_flight == self.gpu_capacity
+        assert self.gpu_free >= 0 and self.host_used <= self.host_capacity
+
+
+def _common_prefix(key: tuple[int, ...], keys: tuple[int, ...], start: int) -> int:
+    n = 0
+    for a, b in zip(key, keys[start:], strict=False):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
+def _has_gpu_child(node: Node) -> bool:
+    return any(c.gpu for c in node.children.values())
+
+
+def _gpu_evictable(node: Node, stamp: float) -> bool:
+    return (
+        node.parent is not None
+        and node.gpu
+        and node.lock == 0
+        and node.last_access == stamp
+        and not _has_gpu_child(node)
+    )
+
+
+def _host_evictable(node: Node, stamp: float) -> bool:
+    return (
+        node.parent is not None
+        and node.host
+        and not node.gpu
+        and node.lock == 0
+        and not node.children
+        and node.last_access == stamp
+    )

@@ -1,0 +1,350 @@
+"""The session driver: partly-open, closed-loop agent sessions on the engine model, under a policy.
+
+New sessions arrive independently of the engine (Poisson, optional warm start); each session releases
+its next call only after the previous call completes and its tool gap elapses, so slow service keeps
+sessions active longer. The policy decides admission, call priorities and parked-session actions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from basin.errors import BasinError
+from basin.evaluate import CallRecord, RunRecords, Sample, SessionRecord, Summary, summarize
+from basin.policy import Admission, CallInfo, Policy, SessionInfo, Telemetry
+from basin.sim.costs import unloaded_call_times, unloaded_session_seconds
+from basin.sim.deployments import PAGE_TOKENS, Deployment
+from basin.sim.engine import PDEngine, Request
+from basin.sim.env import Environment
+from basin.workload import Arrival, RateSchedule, Session, poisson_arrivals
+
+SAMPLE_INTERVAL_S = 10.0
+
+
+@dataclass(eq=False)
+class SessionState:
+    arrival: Arrival
+    record: SessionRecord
+    next_call: int
+    pages: list[int] = field(default_factory=list)  # page keys of the latest prompt
+    request: Request | None = None
+    call_record: CallRecord | None = None
+    context_tokens: int = 0  # counted in the working set while active
+    status: str = "new"  # parked, active, done, shed, rejected, terminated
+
+    @property
+    def session(self) -> Session:
+        return self.arrival.session
+
+    @property
+    def sid(self) -> str:
+        return self.arrival.instance_id
+
+
+@dataclass(frozen=True)
+class SimulationConfig:
+    deployment: Deployment
+    schedule: RateSchedule
+    seed: int = 0
+    warm_sessions: int | None = None  # None: Little's law estimate at the base rate
+    terminate_surge_sessions: bool = False  # §3.3: end every surge session when the surge ends
+
+
+@dataclass
+class SimulationResult:
+    summary: Summary
+    records: RunRecords
+    events: int
+    wall_seconds: float
+    warm_sessions: int
+
+
+def estimate_warm_sessions(deployment: Deployment, pool: Sequence[Session], base_rate: float) -> int:
+    """Steady-state population at `base_rate` on an idle engine (Little's law: rate x lifetime)."""
+    mean_lifetime = float(np.mean([unloaded_session_seconds(deployment.gpu, s) for s in pool]))
+    return round(base_rate / 60.0 * mean_lifetime)
+
+
+class Simulation:
+    def __init__(
+        self,
+        config: SimulationConfig,
+        policy: Policy,
+        pool: Sequence[Session],
+        progress: Callable[[float], None] | None = None,
+    ) -> None:
+        if not pool:
+            raise BasinError("the workload holds no sessions")
+        self.config = config
+        self.policy = policy
+        self.env = Environment()
+        self.engine = PDEngine(self.env, config.deployment, self)
+        self.rng = np.random.default_rng(config.seed)
+        self.progress = progress
+        schedule = config.schedule
+        self.duration_s = schedule.duration_min * 60.0
+        warm = config.warm_sessions
+        if warm is None:
+            warm = estimate_warm_sessions(config.deployment, pool, schedule.base_rate)
+        self.warm_sessions = warm
+        gpu = config.deployment.gpu
+        self.arrivals = poisson_arrivals(
+            schedule, pool, self.rng, warm_sessions=warm, call_seconds=lambda s: unloaded_call_times(gpu, s)
+        )
+        self.records = RunRecords(
+            duration_s=self.duration_s,
+            trigger_s=schedule.surge_start_min * 60 if schedule.surge_minutes > 0 else None,
+            trigger_end_s=schedule.surge_end_min * 60 if schedule.surge_minutes > 0 else None,
+            cache_tokens=max(config.deployment.prefill_cache_tokens, config.deployment.host_cache_tokens),
+        )
+        self.sessions: dict[str, SessionState] = {}
+        self.parked: dict[str, SessionState] = {}
+        self.active: dict[str, SessionState] = {}
+        self.working_set = 0
+        self._page_ids = itertools.count(1)
+        self._rids = itertools.count(1)
+        self._hit_cached = 0
+        self._hit_prompt = 0
+        self._reference: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> SimulationResult:
+        started = time.perf_counter()
+        env = self.env
+        for arrival in self.arrivals:
+            if arrival.warm:
+                self._warm_start(arrival)
+            else:
+                env.schedule_at(arrival.time_s, self._arrive, arrival)
+        env.schedule(0.0, self._sample)
+        if self.policy.control_interval_s is not None:
+            env.schedule(self.policy.control_interval_s, self._control)
+        trigger_end = self.records.trigger_end_s
+        if self.config.terminate_surge_sessions and trigger_end is not None:
+            env.schedule_at(trigger_end, self._terminate_surge_sessions)
+        step = self.duration_s / 100
+        t = 0.0
+        while t < self.duration_s:
+            t = min(t + step, self.duration_s)
+            env.run(t)
+            if self.progress is not None:
+                self.progress(t)
+        summary = summarize(self.records)
+        return SimulationResult(
+            summary, self.records, env.events, time.perf_counter() - started, self.warm_sessions
+        )
+
+    # ------------------------------------------------------------------ sessions
+    def _new_state(self, arrival: Arrival) -> SessionState:
+        session = arrival.session
+        key = session.session_id
+        if key not in self._reference:
+            self._reference[key] = unloaded_session_seconds(self.config.deployment.gpu, session)
+        record = SessionRecord(
+            arrival.instance_id,
+            arrival.time_s,
+            self._reference[key],
+            warm=arrival.warm,
+            in_surge=arrival.in_surge,
+        )
+        self.records.sessions.append(record)
+        state = SessionState(arrival, record, next_call=arrival.first_call)
+        self.sessions[state.sid] = state
+        return state
+
+    def _warm_start(self, arrival: Arrival) -> None:
+        """A session joined mid-trajectory: its previous prompt is cached, its next call comes soon."""
+        state = self._new_state(arrival)
+        self.policy.on_session_arrival(0.0, self._info(state))  # warm sessions are admitted initially
+        if arrival.first_call > 0:
+            previous = state.session.calls[arrival.first_call - 1]
+            state.pages = [next(self._page_ids) for _ in range(previous.prompt_tokens // PAGE_TOKENS)]
+            keys = tuple(state.pages)
+            prefill = self.engine.route_prefill(Request(0, state, state.sid, previous.prompt_tokens, 0, keys))
+            if prefill.cache.allocate(len(keys)):
+                prefill.cache.insert(keys, 0.0, len(keys))
+            state.context_tokens = previous.context_tokens
+        self._activate(state)
+        self.env.schedule_at(arrival.time_s, self._release_call, state)
+
+    def _info(self, state: SessionState) -> SessionInfo:
+        return SessionInfo(
+            state.sid,
+            state.arrival.time_s,
+            state.session.task,
+            state.session.calls[state.next_call].prompt_tokens,
+        )
+
+    def _arrive(self, arrival: Arrival) -> None:
+        state = self._new_state(arrival)
+        decision = self.policy.on_session_arrival(self.env.now, self._info(state))
+        if decision is Admission.ADMIT:
+            self._activate(state)
+            self._release_call(state)
+        elif decision is Admission.PARK:
+            state.status = "parked"
+            self.parked[state.sid] = state
+        else:
+            self._finish_session(state, "rejected")
+
+    def _activate(self, state: SessionState) -> None:
+        state.status = "active"
+        self.active[state.sid] = state
+        self.working_set += state.context_tokens
+
+    def _conversation_pages(self, state: SessionState, index: int) -> tuple[int, ...]:
+        """Page keys of call `index`'s prompt: pages carried from the previous prompt keep their keys,
+        the rest (the previous output, tool results, new text) are new content."""
+        call = state.session.calls[index]
+        full_pages = call.prompt_tokens // PAGE_TOKENS
+        if index == state.arrival.first_call and not state.pages:
+            kept = 0
+        else:
+            previous = state.session.calls[index - 1]
+            kept = min(call.carried_tokens, previous.prompt_tokens) // PAGE_TOKENS
+        pages = state.pages[: min(kept, len(state.pages))]
+        pages.extend(next(self._page_ids) for _ in range(full_pages - len(pages)))
+        state.pages = pages
+        return tuple(pages)
+
+    def _release_call(self, state: SessionState) -> None:
+        if state.status != "active":
+            return
+        now = self.env.now
+        index = state.next_call
+        call = state.session.calls[index]
+        if state.record.first_call_s is None:
+            state.record.first_call_s = now
+        keys = self._conversation_pages(state, index)
+        directives = self.policy.on_call_start(now, CallInfo(state.sid, index, call.prompt_tokens))
+        request = Request(
+            next(self._rids),
+            state,
+            state.sid,
+            call.prompt_tokens,
+            call.output_tokens,
+            keys,
+            priority=directives.priority,
+        )
+        self.working_set += call.prompt_tokens - state.context_tokens
+        state.context_tokens = call.prompt_tokens
+        state.request = request
+        state.call_record = CallRecord(state.sid, index, call.prompt_tokens, call.output_tokens, now)
+        self.records.calls.append(state.call_record)
+        self.engine.submit(request)
+
+    def _finish_session(self, state: SessionState, outcome: str) -> None:
+        now = self.env.now
+        if state.request is not None:
+            self.engine.abort(state.request)
+            state.request = None
+        self.parked.pop(state.sid, None)
+        if self.active.pop(state.sid, None) is not None:
+            self.working_set -= state.context_tokens
+        state.status = outcome
+        state.record.outcome = outcome
+        if outcome == "completed":
+            state.record.done_s = now
+        self.policy.on_session_end(now, state.sid, outcome == "completed")
+
+    def _terminate_surge_sessions(self) -> None:
+        for state in list(self.sessions.values()):
+            if state.arrival.in_surge and state.status in ("active", "parked"):
+                self._finish_session(state, "terminated")
+
+    # ------------------------------------------------------------------ engine observer
+    def on_prefill_start(self, request: Request, now: float) -> None:
+        record = request.owner.call_record
+        record.prefill_start_s = now
+        record.cached_tokens = request.cached_tokens
+        self._hit_cached += request.cached_tokens
+        self._hit_prompt += request.prompt_tokens
+
+    def on_prefill_done(self, request: Request, now: float, uncached_tokens: int) -> None:
+        record = request.owner.call_record
+        record.prefill_done_s = now
+        record.uncached_tokens = uncached_tokens
+
+    def on_first_token(self, request: Request, now: float) -> None:
+        state: SessionState = request.owner
+        state.call_record.first_token_s = now  # type: ignore[union-attr]
+        if state.record.first_token_s is None:
+            state.record.first_token_s = now
+
+    def on_request_done(self, request: Request, now: float) -> None:
+        state: SessionState = request.owner
+        record = state.call_record
+        assert record is not None
+        record.done_s = now
+        record.itl_violating_steps = request.itl_violating_steps
+        state.record.decode_steps += request.output_tokens
+        state.record.itl_violating_steps += request.itl_violating_steps
+        state.request = None
+        index = state.next_call
+        call = state.session.calls[index]
+        self.working_set += call.output_tokens
+        state.context_tokens += call.output_tokens
+        self.policy.on_call_end(now, CallInfo(state.sid, index, call.prompt_tokens), state.context_tokens)
+        state.next_call += 1
+        if state.next_call < len(state.session.calls):
+            self.env.schedule(call.tool_gap_s, self._release_call, state)
+        else:
+            self._finish_session(state, "completed")
+
+    # ------------------------------------------------------------------ periodic work
+    def _sample(self) -> None:
+        engine = self.engine
+        waiting = engine.decode_reserved_waiting_tokens()
+        self.records.samples.append(
+            Sample(
+                t=self.env.now,
+                active_sessions=len(self.active),
+                parked_sessions=len(self.parked),
+                working_set_tokens=self.working_set,
+                decode_kv_decoding_tokens=engine.decode_used_tokens() - waiting,
+                decode_kv_waiting_tokens=waiting,
+                prefill_backlog_tokens=engine.prefill_backlog_tokens(),
+                decode_waiting_requests=engine.decode_waiting_requests(),
+            )
+        )
+        self.env.schedule(SAMPLE_INTERVAL_S, self._sample)
+
+    def telemetry(self) -> Telemetry:
+        engine = self.engine
+        hit = self._hit_cached / self._hit_prompt if self._hit_prompt else float("nan")
+        self._hit_cached = self._hit_prompt = 0
+        now = self.env.now
+        arrived = sum(1 for a in self.arrivals if not a.warm and a.time_s <= now)
+        return Telemetry(
+            now=now,
+            active_sessions=len(self.active),
+            parked_sessions=len(self.parked),
+            working_set_tokens=self.working_set,
+            hit_rate=hit,
+            prefill_backlog_tokens=engine.prefill_backlog_tokens(),
+            decode_waiting_requests=engine.decode_waiting_requests(),
+            decode_kv_used_tokens=engine.decode_used_tokens(),
+            decode_kv_capacity_tokens=engine.decode_capacity_tokens(),
+            lent_tokens=0,
+            arrivals_per_min=arrived / (now / 60) if now > 0 else 0.0,
+        )
+
+    def _control(self) -> None:
+        actions = self.policy.on_control(self.env.now, self.telemetry())
+        for sid in actions.admit:
+            state = self.parked.pop(sid, None)
+            if state is not None:
+                self._activate(state)
+                self._release_call(state)
+        for sid in actions.shed:
+            state = self.parked.get(sid)
+            if state is not None:
+                self._finish_session(state, "shed")
+        interval = actions.next_control_s or self.policy.control_interval_s
+        assert interval is not None
+        self.env.schedule(interval, self._control)

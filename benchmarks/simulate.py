@@ -1,0 +1,64 @@
+"""Simulator speed: events per second and simulated seconds per wall second.
+
+The goal (issue: calibrated simulator) is at least 500x real time on one core for h200-1p3d with a x5
+surge for 20 minutes, two hours simulated. The same deployment without a surge is measured in the same
+run as the baseline, so the cost of a trapped engine's long queues shows as a ratio.
+
+Run: python benchmarks/simulate.py [--repeats N] [--seed S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from basin.policy import make_policy
+from basin.sim import Simulation, SimulationConfig, get_deployment
+from basin.workload import RateSchedule, load_workload
+
+GOAL_X_REAL_TIME = 500.0
+
+
+def measure(surge_factor: float, seed: int, repeats: int) -> tuple[float, int, str]:
+    pool = load_workload("terminal-bench", seed=0)
+    schedule = RateSchedule(
+        base_rate=8.0,
+        duration_min=120,
+        surge_factor=surge_factor,
+        surge_start_min=15,
+        surge_minutes=20 if surge_factor != 1 else 0,
+    )
+    best, events, label = float("inf"), 0, ""
+    for _ in range(repeats):
+        config = SimulationConfig(get_deployment("h200-1p3d"), schedule, seed=seed)
+        start = time.perf_counter()
+        result = Simulation(config, make_policy("hicache"), pool).run()
+        best = min(best, time.perf_counter() - start)
+        events, label = result.events, result.summary.label
+    return best, events, label
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    simulated = 120 * 60.0
+    rows = []
+    for name, factor in (("no surge (baseline)", 1.0), ("x5 surge, 20 min", 5.0)):
+        wall, events, label = measure(factor, args.seed, args.repeats)
+        rows.append((name, wall, events, label))
+        print(
+            f"{name:22s} {label:11s} wall {wall:6.2f} s  events {events:8,d}  "
+            f"{events / wall:9,.0f} events/s  {simulated / wall:7,.0f}x real time"
+        )
+    base, surge = rows[0][1], rows[1][1]
+    print(f"surge run / baseline wall time: {surge / base:.2f}")
+    verdict = "meets" if simulated / surge >= GOAL_X_REAL_TIME else "misses"
+    print(f"goal {GOAL_X_REAL_TIME:.0f}x real time for the surge run: {verdict} ({simulated / surge:,.0f}x)")
+
+
+if __name__ == "__main__":
+    main()
