@@ -76,3 +76,11 @@ def test_same_seed_same_arrivals() -> None:
 def test_impossible_schedules_are_rejected(kwargs: dict, message: str) -> None:
     with pytest.raises(BasinError, match=message):
         RateSchedule(**kwargs)
+
+
+def test_warm_sessions_are_length_biased() -> None:
+    schedule = RateSchedule(base_rate=1, duration_min=10)
+    arrivals = poisson_arrivals(schedule, POOL, np.random.default_rng(3), warm_sessions=400)
+    lifetime = {s.session_id: sum(1.0 + c.tool_gap_s for c in s.calls) for s in POOL}
+    warm_mean = np.mean([lifetime[a.session.session_id] for a in arrivals if a.warm])
+    assert warm_mean > 1.3 * np.mean(list(lifetime.values()))

@@ -69,7 +69,7 @@ def test_export_then_stats_reads_the_file(tmp_path: Path) -> None:
 
 
 def test_every_subcommand_has_help() -> None:
-    for args in ([], ["workload"], ["workload", "stats"], ["workload", "export"]):
+    for args in ([], ["workload"], ["workload", "stats"], ["workload", "export"], ["simulate"]):
         result = basin(*args, "--help")
         assert result.returncode == 0 and "Usage:" in result.stdout, args
 
@@ -104,3 +104,94 @@ def test_unreadable_output_path_is_a_clean_error(tmp_path: Path) -> None:
     result = basin("workload", "export", "--workload", "swe-pro", "--out", str(tmp_path / "no" / "x.jsonl"))
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
+
+
+SIM_KEYS = (
+    "goodput_sessions_per_h",
+    "completed_fraction",
+    "shed_fraction",
+    "label",
+    "hit_rate_pre",
+    "hit_rate_late",
+    "median_ttft_late_s",
+    "windows",
+    "events",
+    "wall_seconds",
+)
+
+
+def test_simulate_writes_json_and_plot(tmp_path: Path) -> None:
+    out, png = tmp_path / "run.json", tmp_path / "run.png"
+    result = basin(
+        "simulate",
+        "--deployment",
+        "h100-1p1d",
+        "--policy",
+        "hicache",
+        "--workload",
+        "terminal-bench",
+        "--base-rate",
+        "3.3",
+        "--surge-factor",
+        "2.0",
+        "--surge-start-min",
+        "5",
+        "--surge-minutes",
+        "5",
+        "--duration-min",
+        "45",
+        "--seed",
+        "0",
+        "--json",
+        str(out),
+        "--plot",
+        str(png),
+        "--quiet",
+    )
+    assert result.returncode == 0, result.stderr
+    data = json.loads(out.read_text())
+    for key in SIM_KEYS:
+        assert key in data
+    assert len(data["windows"]) == 45 // 2
+    assert data["events"] > 1000
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "goodput (sessions/h)" in result.stdout
+
+
+def test_simulate_json_to_stdout_is_pure_json() -> None:
+    result = basin("simulate", "--base-rate", "1", "--duration-min", "10", "--json", "-", "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["deployment"] == "h100-1p1d"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--deployment", "a100-9p9d"], "choose one of h100-1p1d"),
+        (["--policy", "magic"], "choose one of hicache"),
+        (["--base-rate", "-1"], "base rate must not be negative"),
+        (["--surge-minutes", "30", "--surge-start-min", "100"], "past the end of the run"),
+        (["--host-tier", "-2"], "--host-tier"),
+        (["--router", "random"], "unknown router policy"),
+        (["--allocation-policy", "late"], "unknown allocation policy"),
+        (["--warm-sessions", "-3"], "--warm-sessions"),
+        (["--json", "/nonexistent/dir/x.json"], "does not exist"),
+    ],
+)
+def test_simulate_rejects_bad_input_cleanly(args: list[str], message: str) -> None:
+    base = ["simulate", "--base-rate", "2", "--duration-min", "120", "--quiet"]
+    if "--base-rate" in args:
+        base = ["simulate", "--duration-min", "120", "--quiet"]
+    result = basin(*base, *args)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_simulate_names_the_bad_line_of_a_workload_file(tmp_path: Path) -> None:
+    path = tmp_path / "w.jsonl"
+    good = '{"session_id": "a", "calls": [{"prompt_tokens": 5, "new_tokens": 5, "output_tokens": 1}]}'
+    path.write_text(good + "\ngarbage\n")
+    result = basin("simulate", "--workload", str(path), "--base-rate", "1", "--quiet")
+    assert result.returncode == 2
+    assert f"{path}:2:" in result.stderr

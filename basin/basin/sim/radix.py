@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -33,6 +34,29 @@ class Node:
 
     def __len__(self) -> int:
         return len(self.key)
+
+
+class _LruHeap:
+    """Candidate nodes by last access. An entry goes stale when its node changes after the push (new
+    access time, evicted, locked); `pop` skips stale entries, and the heap is compacted when they pile up."""
+
+    def __init__(self, valid: Callable[[Node, float], bool]) -> None:
+        self._heap: list[tuple[float, int, Node]] = []
+        self._valid = valid
+        self._seq = itertools.count()
+
+    def push(self, node: Node, live: int) -> None:
+        heapq.heappush(self._heap, (node.last_access, next(self._seq), node))
+        if len(self._heap) > 64 and len(self._heap) > 4 * (live + 16):
+            self._heap = [e for e in self._heap if self._valid(e[2], e[0])]
+            heapq.heapify(self._heap)
+
+    def pop(self) -> Node | None:
+        while self._heap:
+            stamp, _, node = heapq.heappop(self._heap)
+            if self._valid(node, stamp):
+                return node
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,9 +86,8 @@ class RadixCache:
         self.host_used = 0
         self.locked_gpu = 0  # pages of locked tree nodes on the GPU
         self.in_flight = 0  # pages allocated to requests, not yet in the tree
-        self._gpu_heap: list[tuple[float, int, Node]] = []
-        self._host_heap: list[tuple[float, int, Node]] = []
-        self._seq = itertools.count()
+        self._gpu_lru = _LruHeap(_gpu_evictable)
+        self._host_lru = _LruHeap(_host_evictable)
 
     # ------------------------------------------------------------------ capacity
     @property
@@ -251,25 +274,15 @@ class RadixCache:
 
     # ------------------------------------------------------------------ eviction
     def _push_gpu(self, node: Node) -> None:
-        heapq.heappush(self._gpu_heap, (node.last_access, next(self._seq), node))
-        if len(self._gpu_heap) > 64 and len(self._gpu_heap) > 4 * (self.gpu_used + 16):
-            self._gpu_heap = [e for e in self._gpu_heap if _gpu_evictable(e[2], e[0])]
-            heapq.heapify(self._gpu_heap)
+        self._gpu_lru.push(node, self.gpu_used)
 
     def _push_host(self, node: Node) -> None:
-        heapq.heappush(self._host_heap, (node.last_access, next(self._seq), node))
-        if len(self._host_heap) > 64 and len(self._host_heap) > 4 * (self.host_used + 16):
-            self._host_heap = [e for e in self._host_heap if _host_evictable(e[2], e[0])]
-            heapq.heapify(self._host_heap)
+        self._host_lru.push(node, self.host_used)
 
     def evict_gpu(self, pages: int) -> int:
         """Evict at least `pages` GPU pages (whole nodes, LRU leaves first); returns pages evicted."""
         evicted = 0
-        heap = self._gpu_heap
-        while evicted < pages and heap:
-            stamp, _, node = heapq.heappop(heap)
-            if not _gpu_evictable(node, stamp):
-                continue
+        while evicted < pages and (node := self._gpu_lru.pop()) is not None:
             evicted += len(node)
             self.gpu_used -= len(node)
             node.gpu = False
@@ -286,11 +299,7 @@ class RadixCache:
     def evict_host(self, pages: int) -> int:
         """Evict at least `pages` host pages from host-only leaves, LRU first."""
         evicted = 0
-        heap = self._host_heap
-        while evicted < pages and heap:
-            stamp, _, node = heapq.heappop(heap)
-            if not _host_evictable(node, stamp):
-                continue
+        while evicted < pages and (node := self._host_lru.pop()) is not None:
             evicted += len(node)
             self.host_used -= len(node)
             node.host = False

@@ -61,9 +61,6 @@ class SyntheticProfile:
     gap_fast_sigma: float
     gap_slow_sigma: float
     gap_max_s: float
-    # Long tool runs (installs, builds, downloads) cluster early in a session: gaps are placed in order of
-    # call position plus normal noise of this spread (0: strictly longest first; large: random order).
-    gap_order_noise: float
     text_signal: float  # correlation of the latent task difficulty with the log peak context
     vocabulary: TaskVocabulary
 
@@ -179,16 +176,16 @@ PROFILES: dict[str, SyntheticProfile] = {
         prefix="tb",
         sessions=216,
         peak_median=40_000,
-        peak_sigma=0.75,
+        peak_sigma=0.70,
         peak_bounds=(6_000, 240_000),
         calls_median=26.6,
         calls_sigma=0.65,
         calls_peak_corr=0.85,
         calls_bounds=(3, 250),
-        first_median=11_000,
+        first_median=9_500,
         first_sigma=0.35,
         first_peak_corr=0.4,
-        growth_exponent=2.0,
+        growth_exponent=1.6,
         growth_noise_shape=0.6,
         min_new_tokens=16,
         output_median=160,
@@ -200,11 +197,10 @@ PROFILES: dict[str, SyntheticProfile] = {
         # let the cache hold less than the working set while reuse stays high.
         gap_fast_share=0.88,
         gap_fast_median_s=0.34,
-        gap_slow_median_s=130.0,
+        gap_slow_median_s=120.0,
         gap_fast_sigma=1.2,
         gap_slow_sigma=0.5,
         gap_max_s=1200.0,
-        gap_order_noise=0.6,
         text_signal=0.82,
         vocabulary=TERMINAL_VOCABULARY,
     ),
@@ -236,7 +232,6 @@ PROFILES: dict[str, SyntheticProfile] = {
         gap_fast_sigma=1.2,
         gap_slow_sigma=0.5,
         gap_max_s=600.0,
-        gap_order_noise=1.0,
         text_signal=0.7,
         vocabulary=SWE_PRO_VOCABULARY,
     ),
@@ -306,10 +301,8 @@ def _session(
     outputs = np.clip(np.rint(p.output_median * np.exp(p.output_sigma * output_z)), *p.output_bounds).astype(
         np.int64
     )
-    gaps = np.zeros(calls)
-    if calls > 1:
-        keys = np.arange(calls - 1) / (calls - 1) + p.gap_order_noise * rng.standard_normal(calls - 1)
-        gaps[np.argsort(keys)] = np.sort(_tool_gaps(p, gap_u[:-1]))[::-1]
+    gaps = _tool_gaps(p, gap_u)
+    gaps[-1] = 0.0
 
     # Growth between consecutive prompts = previous output + new suffix; the new suffixes share the
     # growth left after the minimum each call needs, along a power-law trend with gamma noise.
