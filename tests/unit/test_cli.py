@@ -69,7 +69,16 @@ def test_export_then_stats_reads_the_file(tmp_path: Path) -> None:
 
 
 def test_every_subcommand_has_help() -> None:
-    for args in ([], ["workload"], ["workload", "stats"], ["workload", "export"], ["simulate"]):
+    for args in (
+        [],
+        ["workload"],
+        ["workload", "stats"],
+        ["workload", "export"],
+        ["simulate"],
+        ["predictor"],
+        ["predictor", "train"],
+        ["predictor", "evaluate"],
+    ):
         result = basin(*args, "--help")
         assert result.returncode == 0 and "Usage:" in result.stdout, args
 
@@ -195,3 +204,28 @@ def test_simulate_names_the_bad_line_of_a_workload_file(tmp_path: Path) -> None:
     result = basin("simulate", "--workload", str(path), "--base-rate", "1", "--quiet")
     assert result.returncode == 2
     assert f"{path}:2:" in result.stderr
+
+
+def test_predictor_train_and_evaluate(tmp_path: Path) -> None:
+    model = tmp_path / "model.json"
+    result = basin("predictor", "train", "--workload", "swe-pro", "--out", str(model))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(model.read_text())["format"] == "basin-peak-predictor"
+    result = basin("predictor", "evaluate", "--workload", "swe-pro", "--folds", "10", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["folds"] == 10 and 0 < data["spearman"] <= 1
+
+
+def test_predictor_bad_input_is_a_clean_error(tmp_path: Path) -> None:
+    tiny = tmp_path / "tiny.jsonl"
+    basin("workload", "export", "--workload", "swe-pro", "--sessions", "2", "--out", str(tiny))
+    for args in (
+        ["train", "--workload", str(tiny), "--out", str(tmp_path / "m.json")],
+        ["evaluate", "--workload", "swe-pro", "--folds", "1"],
+        ["train", "--workload", "nope", "--out", str(tmp_path / "m.json")],
+    ):
+        result = basin("predictor", *args)
+        assert result.returncode == 2, args
+        assert "Traceback" not in result.stderr
+        assert result.stderr.startswith("error:")
