@@ -312,6 +312,107 @@ def simulate(
         _print_summary(payload)
 
 
+@cli.command("analyze")
+@click.option(
+    "--deployment", default="h200-1p3d", show_default=True, metavar="PRESET", help="Deployment preset."
+)
+@click.option(
+    "--host-tier",
+    type=float,
+    default=None,
+    help="Host tier as a multiple of the GPU prefix cache (0: GPU-only). Default: the preset's.",
+)
+@workload_options(default="terminal-bench")
+@click.option("--base-rate", type=float, required=True, help="Base arrivals, sessions per minute.")
+@click.option("--kappa", type=float, default=1.0, show_default=True, help="Cliff scale κ of the hit curve.")
+@click.option(
+    "--backlog",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Sessions in a backlog to drain at the base rate (Eq. 4).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option(
+    "--plot",
+    "plot_out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write D(N) against arrivals with the equilibria marked (PNG).",
+)
+def analyze_command(
+    deployment: str,
+    host_tier: float | None,
+    workload: str,
+    seed: int,
+    sessions: int | None,
+    tool_time_scale: float,
+    output_scale: float,
+    base_rate: float,
+    kappa: float,
+    backlog: float,
+    as_json: bool,
+    plot_out: str | None,
+) -> None:
+    """The fluid model (paper §5): departure curve, equilibria, vulnerable rates and first limit."""
+    from basin.fluid import FluidModel, FluidParameters, analyze, plot_departures
+    from basin.sim import get_deployment
+    from basin.workload import load_workload
+
+    preset = get_deployment(deployment, host_tier=host_tier)
+    if plot_out and not Path(plot_out).parent.is_dir():
+        raise BasinError(f"cannot write {plot_out}: the folder {Path(plot_out).parent} does not exist")
+    pool = load_workload(workload, seed, tool_time_scale, output_scale, sessions)
+    model = FluidModel(FluidParameters.from_workload(preset, pool, kappa))
+    result = analyze(model, base_rate, backlog)
+    if plot_out:
+        plot_departures(
+            model,
+            result,
+            plot_out,
+            title=f"{preset.name}, host tier {preset.host_tier:g}x: first limit {result.first_limit}",
+        )
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "deployment": preset.name,
+                    "host_tier": preset.host_tier,
+                    "workload": workload,
+                    **result.to_dict(),
+                }
+            )
+        )
+        return
+    low, high = result.vulnerable_range_per_min
+
+    def population(value: float | None) -> str:
+        return "none" if value is None else f"{value:.0f} sessions"
+
+    click.echo(f"{preset.name}, host tier {preset.host_tier:g}x, {workload}, base rate {base_rate:g}/min")
+    click.echo(
+        f"  first limit             {result.first_limit} (peak without decode / decode bound ="
+        f" {result.cache_first_ratio:.2f})"
+    )
+    click.echo(f"  departure peak          {result.d_peak_per_min:.2f}/min at N* = {result.n_peak:.0f}")
+    click.echo(f"  low-reuse departures    {result.d_low_per_min:.2f}/min")
+    click.echo(f"  vulnerable base rates   {low:.2f} to {high:.2f} sessions/min")
+    click.echo(f"  stable equilibrium      {population(result.n_stable)}")
+    click.echo(f"  unstable equilibrium    {population(result.n_unstable)}")
+    click.echo(f"  state at this rate      {result.state}")
+    click.echo(
+        f"  Eq. 2 (cliff N_c {result.cliff_population:.0f} vs decode fill N_d"
+        f" {result.decode_fill_population:.0f}): {'cache' if result.eq2_cache_first else 'decode'} first"
+    )
+    if backlog:
+        drain = (
+            "never (base rate at or above the peak)"
+            if result.drain_minutes is None
+            else f"{result.drain_minutes:.1f} min"
+        )
+        click.echo(f"  drain {backlog:g} sessions      {drain}")
+
+
 @cli.group()
 def predictor() -> None:
     """The peak-context predictor: train a model for the gateway, or measure it cross-fitted."""

@@ -229,3 +229,47 @@ def test_predictor_bad_input_is_a_clean_error(tmp_path: Path) -> None:
         assert result.returncode == 2, args
         assert "Traceback" not in result.stderr
         assert result.stderr.startswith("error:")
+
+
+def test_analyze_prints_equilibria_json_and_plot(tmp_path: Path) -> None:
+    png = tmp_path / "fluid.png"
+    result = basin(
+        "analyze",
+        "--deployment",
+        "h200-1p3d",
+        "--host-tier",
+        "2",
+        "--workload",
+        "terminal-bench",
+        "--base-rate",
+        "8",
+        "--json",
+        "--plot",
+        str(png),
+    )
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    for key in (
+        "first_limit",
+        "n_stable",
+        "n_unstable",
+        "n_peak",
+        "d_peak_per_min",
+        "d_low_per_min",
+        "vulnerable_range_per_min",
+    ):
+        assert key in data
+    assert data["first_limit"] in ("cache", "decode")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    text = basin("analyze", "--base-rate", "8", "--backlog", "50")
+    assert "unstable equilibrium" in text.stdout and "drain 50 sessions" in text.stdout
+
+
+def test_analyze_bad_input() -> None:
+    for args in (
+        ["--base-rate", "-2"],
+        ["--base-rate", "2", "--deployment", "tpu"],
+        ["--base-rate", "2", "--kappa", "0"],
+    ):
+        result = basin("analyze", *args)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, args
