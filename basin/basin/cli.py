@@ -323,8 +323,18 @@ def simulate(
     help="Host tier as a multiple of the GPU prefix cache (0: GPU-only). Default: the preset's.",
 )
 @workload_options(default="terminal-bench")
-@click.option("--base-rate", type=float, required=True, help="Base arrivals, sessions per minute.")
+@click.option(
+    "--base-rate",
+    type=float,
+    default=None,
+    help="Base arrivals, sessions per minute (required without --grid).",
+)
 @click.option("--kappa", type=float, default=1.0, show_default=True, help="Cliff scale κ of the hit curve.")
+@click.option(
+    "--grid",
+    is_flag=True,
+    help="Classify the paper's 36-deployment grid with the model and the simulator (minutes).",
+)
 @click.option(
     "--backlog",
     type=float,
@@ -348,8 +358,9 @@ def analyze_command(
     sessions: int | None,
     tool_time_scale: float,
     output_scale: float,
-    base_rate: float,
+    base_rate: float | None,
     kappa: float,
+    grid: bool,
     backlog: float,
     as_json: bool,
     plot_out: str | None,
@@ -358,6 +369,12 @@ def analyze_command(
     from basin.fluid import FluidModel, FluidParameters, analyze, plot_departures
     from basin.sim import get_deployment
     from basin.workload import load_workload
+
+    if grid:
+        _analyze_grid(seed, as_json)
+        return
+    if base_rate is None:
+        raise BasinError("--base-rate is required (or use --grid)")
 
     preset = get_deployment(deployment, host_tier=host_tier)
     if plot_out and not Path(plot_out).parent.is_dir():
@@ -411,6 +428,108 @@ def analyze_command(
             else f"{result.drain_minutes:.1f} min"
         )
         click.echo(f"  drain {backlog:g} sessions      {drain}")
+
+
+def _analyze_grid(seed: int, as_json: bool) -> None:
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from basin.grid import HOST_TIERS, PRESETS, TOOL_SCALES, agreement, run_grid
+
+    total = len(PRESETS) * len(HOST_TIERS) * len(TOOL_SCALES)
+    with Progress(transient=True, disable=as_json) as progress:
+        task = progress.add_task("model vs simulator", total=total)
+        points = run_grid(seed, progress=lambda done: progress.update(task, completed=done))
+    summary = agreement(points)
+    if as_json:
+        click.echo(json.dumps({"points": [p.to_dict() for p in points], **summary}))
+        return
+    table = Table(title="First limit: fluid model vs simulator (Terminal-Bench-like, H200)")
+    for column in ("deployment", "host tier", "tool time", "model", "ratio", "simulator", "degraded at /min"):
+        table.add_column(column, justify="left" if column == "deployment" else "right")
+    for p in points:
+        table.add_row(
+            p.deployment,
+            f"{p.host_tier:g}x",
+            f"{p.tool_scale:g}x",
+            p.model_first_limit,
+            f"{p.model_ratio:.2f}",
+            p.simulated_first_limit,
+            "" if p.degraded_at_per_min is None else f"{p.degraded_at_per_min:.1f}",
+        )
+    Console().print(table)
+    click.echo(
+        f"simulator cache-first: {summary['simulated_cache_first']}, flagged by the model:"
+        f" {summary['flagged_of_simulated_cache_first']}; agreement {summary['agreement']:.0%}"
+    )
+
+
+@cli.command("profile")
+@click.option(
+    "--simulate",
+    is_flag=True,
+    required=True,
+    help="Ramp load in the simulator (live ramps run in the profiling Job).",
+)
+@click.option(
+    "--deployment", default="h200-1p3d", show_default=True, metavar="PRESET", help="Deployment preset."
+)
+@click.option(
+    "--host-tier", type=float, default=None, help="Host tier multiple (0: GPU-only). Default: preset's."
+)
+@click.option(
+    "--workload", default="terminal-bench", show_default=True, metavar="NAME|FILE", help=_WORKLOAD_HELP
+)
+@click.option(
+    "--ramps", type=int, default=4, show_default=True, help="Repeated ramps (κ: their lower quartile)."
+)
+@click.option("--steps", type=int, default=8, show_default=True, help="Load steps per ramp.")
+@click.option("--step-minutes", type=float, default=12.0, show_default=True, help="Minutes per step.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the first ramp.")
+@click.option("--json", "as_json", is_flag=True, help="Print the profile as one JSON object.")
+def profile_command(
+    simulate: bool,
+    deployment: str,
+    host_tier: float | None,
+    workload: str,
+    ramps: int,
+    steps: int,
+    step_minutes: float,
+    seed: int,
+    as_json: bool,
+) -> None:
+    """Fit the cliff scale κ and the peak departure rate λc with stepped load ramps."""
+    from rich.progress import Progress
+
+    from basin.profile import profile_simulated
+
+    with Progress(transient=True, disable=as_json) as progress:
+        task = progress.add_task("ramping", total=ramps)
+        result = profile_simulated(
+            deployment,
+            ramps,
+            steps,
+            step_minutes,
+            host_tier,
+            workload,
+            seed,
+            progress=lambda done: progress.update(task, completed=done),
+        )
+    if as_json:
+        click.echo(json.dumps(result.to_dict()))
+        return
+    click.echo(
+        f"{result.deployment}: κ = {result.kappa:.2f} (lower quartile of "
+        f"{', '.join(f'{k:.2f}' for k in result.kappas)}), λc = {result.lambda_c_per_min:.2f} sessions/min"
+    )
+    click.echo(
+        f"  capacities: prefill GPU {result.prefill_gpu_tokens:,} tokens, host {result.host_tokens:,},"
+        f" decode KV {result.decode_kv_tokens:,}"
+    )
+    for index, ramp in enumerate(result.ramps, start=1):
+        steps_text = "  ".join(f"{s.working_set_over_cache:.2f}:{s.hit_rate:.2f}" for s in ramp)
+        click.echo(f"  ramp {index} (W/C:hit)  {steps_text}")
 
 
 @cli.group()

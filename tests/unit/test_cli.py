@@ -273,3 +273,29 @@ def test_analyze_bad_input() -> None:
     ):
         result = basin("analyze", *args)
         assert result.returncode == 2 and "Traceback" not in result.stderr, args
+
+
+def test_profile_simulate_json() -> None:
+    result = basin(
+        "profile",
+        "--simulate",
+        "--deployment",
+        "h100-1p1d",
+        "--ramps",
+        "1",
+        "--steps",
+        "6",
+        "--step-minutes",
+        "10",
+        "--json",
+    )
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["kappa"] > 0 and data["lambda_c_per_min"] > 0 and len(data["ramps"]) == 1
+
+
+def test_profile_needs_simulate_and_analyze_needs_a_rate() -> None:
+    result = basin("profile", "--deployment", "h100-1p1d")
+    assert result.returncode == 2 and "--simulate" in result.stderr
+    result = basin("analyze", "--deployment", "h100-1p1d")
+    assert result.returncode == 2 and "--base-rate is required" in result.stderr

@@ -21,7 +21,8 @@ from basin.sim.costs import unloaded_call_times, unloaded_session_seconds
 from basin.sim.deployments import PAGE_TOKENS, Deployment
 from basin.sim.engine import PDEngine, Request
 from basin.sim.env import Environment
-from basin.workload import Arrival, RateSchedule, Session, poisson_arrivals
+from basin.workload import Arrival, Session, poisson_arrivals
+from basin.workload.arrivals import Schedule
 
 SAMPLE_INTERVAL_S = 10.0
 
@@ -49,7 +50,7 @@ class SessionState:
 @dataclass(frozen=True)
 class SimulationConfig:
     deployment: Deployment
-    schedule: RateSchedule
+    schedule: Schedule
     seed: int = 0
     warm_sessions: int | None = None  # None: Little's law estimate at the base rate
     terminate_surge_sessions: bool = False  # §3.3: end every surge session when the surge ends

@@ -69,6 +69,41 @@ class RateSchedule:
 
 
 @dataclass(frozen=True)
+class StepSchedule:
+    """A stepped load ramp: `rates[i]` sessions per minute during step i, each `step_minutes` long
+    (the κ profiler's ramp). No surge."""
+
+    rates: tuple[float, ...]
+    step_minutes: float
+    surge_minutes: float = 0.0
+    surge_start_min: float = 0.0
+    surge_end_min: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.rates:
+            raise BasinError("a ramp needs at least one step")
+        if any(r < 0 for r in self.rates):
+            raise BasinError(f"ramp rates must not be negative, got {self.rates}")
+        if self.step_minutes <= 0:
+            raise BasinError(f"step length must be positive, got {self.step_minutes} min")
+
+    @property
+    def base_rate(self) -> float:
+        return self.rates[0]
+
+    @property
+    def duration_min(self) -> float:
+        return self.step_minutes * len(self.rates)
+
+    def segments(self) -> list[tuple[float, float, float, bool]]:
+        m = self.step_minutes
+        return [(i * m, (i + 1) * m, rate, False) for i, rate in enumerate(self.rates)]
+
+
+Schedule = RateSchedule | StepSchedule
+
+
+@dataclass(frozen=True)
 class Arrival:
     """A session entering the system at `time_s`, starting at call `first_call` (0 unless warm).
 
@@ -103,7 +138,7 @@ def _call_tool_time(session: Session) -> np.ndarray:
 
 
 def poisson_arrivals(
-    schedule: RateSchedule,
+    schedule: Schedule,
     pool: Sequence[Session],
     rng: np.random.Generator,
     warm_sessions: int = 0,

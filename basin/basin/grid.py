@@ -1,0 +1,123 @@
+"""The fluid model against the simulator over the paper's 36-deployment grid (§5, Fig. 9b).
+
+Each deployment (1P1D/1P2D/1P3D on H200 × GPU-only or a host tier of 2/10/40× × tool time ×1/3/10) is
+classified twice. The model: which bound limits first (`basin.fluid.analyze`). The simulator: raise a
+steady load through 0.8–2× the model's departure peak; in the first run whose last 20 minutes are
+degraded, compare when reuse fell (two consecutive 2-minute windows with a hit rate 0.10 below the best of
+the first three) with when decode memory filled (reserved plus decoding KV at 90 % of capacity): the
+cache limited first if reuse fell first, decode otherwise.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from basin.fluid import FluidModel, FluidParameters, analyze
+from basin.policy import make_policy
+from basin.sim import Simulation, SimulationConfig, get_deployment
+from basin.workload import RateSchedule, load_workload
+
+PRESETS = ("h200-1p1d", "h200-1p2d", "h200-1p3d")
+HOST_TIERS = (0.0, 2.0, 10.0, 40.0)
+TOOL_SCALES = (1.0, 3.0, 10.0)
+LOAD_FACTORS = (0.8, 1.0, 1.25, 1.5, 2.0)
+DECODE_FULL = 0.9
+HIT_DROP = 0.10
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    deployment: str
+    host_tier: float
+    tool_scale: float
+    model_first_limit: str
+    model_ratio: float  # peak throughput without decode over the decode bound
+    simulated_first_limit: str  # cache, decode, or none (no degradation up to 2x the model's peak)
+    degraded_at_per_min: float | None
+
+    @property
+    def flagged(self) -> bool:
+        return self.model_first_limit == "cache"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def simulated_first_limit(
+    deployment_name: str,
+    host_tier: float,
+    tool_scale: float,
+    peak_per_min: float,
+    seed: int,
+    duration_min: float,
+) -> tuple[str, float | None]:
+    deployment = get_deployment(deployment_name, host_tier=host_tier)
+    pool = load_workload("terminal-bench", seed=seed, tool_time_scale=tool_scale)
+    for factor in LOAD_FACTORS:
+        rate = factor * peak_per_min
+        schedule = RateSchedule(base_rate=rate, duration_min=duration_min)
+        summary = (
+            Simulation(SimulationConfig(deployment, schedule, seed=seed), make_policy("hicache"), pool)
+            .run()
+            .summary
+        )
+        if not summary.windows_20min[-1].degraded:
+            continue
+        windows = summary.windows
+        plateau = max((w.hit_rate for w in windows[:3] if not math.isnan(w.hit_rate)), default=math.nan)
+        low = [not math.isnan(w.hit_rate) and w.hit_rate <= plateau - HIT_DROP for w in windows]
+        reuse_fell = next((i for i in range(len(low) - 1) if low[i] and low[i + 1]), math.inf)
+        capacity = deployment.decode_kv_tokens
+        decode_full = next(
+            (
+                i
+                for i, w in enumerate(windows)
+                if (w.decode_kv_decoding_tokens + w.decode_kv_waiting_tokens) >= DECODE_FULL * capacity
+            ),
+            math.inf,
+        )
+        return ("cache" if reuse_fell < decode_full else "decode"), rate
+    return "none", None
+
+
+def run_grid(
+    seed: int = 0,
+    duration_min: float = 60.0,
+    points: list[tuple[str, float, float]] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> list[GridPoint]:
+    grid = points if points is not None else list(itertools.product(PRESETS, HOST_TIERS, TOOL_SCALES))
+    results = []
+    for index, (preset, host_tier, tool_scale) in enumerate(grid, start=1):
+        deployment = get_deployment(preset, host_tier=host_tier)
+        pool = load_workload("terminal-bench", seed=seed, tool_time_scale=tool_scale)
+        analysis = analyze(FluidModel(FluidParameters.from_workload(deployment, pool)), 0.0)
+        limit, rate = simulated_first_limit(
+            preset, host_tier, tool_scale, analysis.d_peak_per_min, seed, duration_min
+        )
+        results.append(
+            GridPoint(
+                preset, host_tier, tool_scale, analysis.first_limit, analysis.cache_first_ratio, limit, rate
+            )
+        )
+        if progress is not None:
+            progress(index)
+    return results
+
+
+def agreement(points: list[GridPoint]) -> dict[str, float | int]:
+    """Counts the paper reports: cache-first deployments in the simulator, how many the model flags, and
+    the share classified alike (deployments that never degraded count as decode-limited)."""
+    simulated_cache = [p for p in points if p.simulated_first_limit == "cache"]
+    alike = sum(
+        p.model_first_limit == ("cache" if p.simulated_first_limit == "cache" else "decode") for p in points
+    )
+    return {
+        "deployments": len(points),
+        "simulated_cache_first": len(simulated_cache),
+        "flagged_of_simulated_cache_first": sum(p.flagged for p in simulated_cache),
+        "agreement": alike / len(points) if points else math.nan,
+    }
