@@ -62,6 +62,14 @@ def workload_options(default: str | None = None):  # type: ignore[no-untyped-def
     return decorate
 
 
+def _writable(out: str) -> Path:
+    """Check, before any long work, that an output file can be created where the user asked."""
+    path = Path(out)
+    if not path.parent.is_dir():
+        raise BasinError(f"cannot write {path}: the folder {path.parent} does not exist")
+    return path
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="basin")
 def cli() -> None:
@@ -135,9 +143,7 @@ def workload_export(
     if out == "-":
         write_sessions(loaded, sys.stdout)
         return
-    path = Path(out)
-    if not path.parent.is_dir():
-        raise BasinError(f"cannot write {path}: the folder {path.parent} does not exist")
+    path = _writable(out)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as handle:
         count = write_sessions(loaded, handle)
@@ -253,8 +259,8 @@ def simulate(
     if warm_sessions is not None and warm_sessions < 0:
         raise BasinError(f"--warm-sessions must not be negative, got {warm_sessions}")
     for path in (json_out, plot_out):
-        if path and path != "-" and not Path(path).parent.is_dir():
-            raise BasinError(f"cannot write {path}: the folder {Path(path).parent} does not exist")
+        if path and path != "-":
+            _writable(path)
     pool = load_workload(workload, seed, tool_time_scale, output_scale, sessions)
     config = SimulationConfig(
         preset,
@@ -377,8 +383,8 @@ def analyze_command(
         raise BasinError("--base-rate is required (or use --grid)")
 
     preset = get_deployment(deployment, host_tier=host_tier)
-    if plot_out and not Path(plot_out).parent.is_dir():
-        raise BasinError(f"cannot write {plot_out}: the folder {Path(plot_out).parent} does not exist")
+    if plot_out:
+        _writable(plot_out)
     pool = load_workload(workload, seed, tool_time_scale, output_scale, sessions)
     model = FluidModel(FluidParameters.from_workload(preset, pool, kappa))
     result = analyze(model, base_rate, backlog)
@@ -556,9 +562,7 @@ def predictor_train(
     from basin.predictor import fit
     from basin.workload import load_workload
 
-    path = Path(out)
-    if not path.parent.is_dir():
-        raise BasinError(f"cannot write {path}: the folder {path.parent} does not exist")
+    path = _writable(out)
     model = fit(load_workload(workload, seed, tool_time_scale, output_scale, sessions), alpha)
     model.save(path)
     kind = "task text and lengths" if model.uses_text else "lengths only (no task texts)"
