@@ -178,7 +178,26 @@ def workload_export(
     metavar="cache_aware|affinity|least_loaded",
     help="Prefill routing across prefill instances.",
 )
-@click.option("--policy", default="hicache", show_default=True, help="Session policy.")
+@click.option(
+    "--policy",
+    default="hicache",
+    show_default=True,
+    help="Session policy: hicache (SGLang alone), basin, or basin-arrival (the prototype).",
+)
+@click.option(
+    "--prediction",
+    default="predictor",
+    show_default=True,
+    metavar="predictor|oracle|noisy:SIGMA",
+    help="BASIN's peak-context estimates: cross-fitted predictor, true peaks, or noisy true peaks.",
+)
+@click.option("--kappa", type=float, default=None, help="BASIN's profiled cliff scale κ (default 1.0).")
+@click.option(
+    "--lambda-c",
+    type=float,
+    default=None,
+    help="BASIN's profiled peak departure rate, sessions/min (default: the fluid model's peak).",
+)
 @workload_options(default="terminal-bench")
 @click.option("--base-rate", type=float, required=True, help="Session arrivals per minute.")
 @click.option(
@@ -240,14 +259,19 @@ def simulate(
     json_out: str | None,
     plot_out: str | None,
     quiet: bool,
+    prediction: str,
+    kappa: float | None,
+    lambda_c: float | None,
 ) -> None:
     """Simulate agent sessions on a PD deployment and report goodput, latency and the run's state."""
-    from basin.policy import make_policy
+    from basin.policy import POLICIES
     from basin.sim import Simulation, SimulationConfig, get_deployment
+    from basin.sim.policies import build_policy
     from basin.workload import RateSchedule, load_workload
 
     preset = get_deployment(deployment, host_tier=host_tier, allocation=allocation, router=router)
-    agent_policy = make_policy(policy)
+    if policy not in POLICIES:
+        raise BasinError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     schedule = RateSchedule(
         base_rate=base_rate,
         duration_min=duration_min,
@@ -262,6 +286,7 @@ def simulate(
         if path and path != "-":
             _writable(path)
     pool = load_workload(workload, seed, tool_time_scale, output_scale, sessions)
+    agent_policy = build_policy(policy, preset, pool, seed, prediction, kappa, lambda_c)
     config = SimulationConfig(
         preset,
         schedule,

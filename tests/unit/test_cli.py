@@ -299,3 +299,18 @@ def test_profile_needs_simulate_and_analyze_needs_a_rate() -> None:
     assert result.returncode == 2 and "--simulate" in result.stderr
     result = basin("analyze", "--deployment", "h100-1p1d")
     assert result.returncode == 2 and "--base-rate is required" in result.stderr
+
+
+def test_simulate_accepts_basin_and_prediction_modes() -> None:
+    for extra in (
+        ["--policy", "basin"],
+        ["--policy", "basin", "--prediction", "noisy:0.5"],
+        ["--policy", "basin-arrival", "--kappa", "1.2", "--lambda-c", "5"],
+    ):
+        result = basin(
+            "simulate", "--base-rate", "2", "--duration-min", "20", "--json", "-", "--quiet", *extra
+        )
+        assert result.returncode == 0, (extra, result.stderr)
+        assert json.loads(result.stdout)["policy"] == extra[1]
+    bad = basin("simulate", "--base-rate", "2", "--policy", "basin", "--prediction", "psychic", "--quiet")
+    assert bad.returncode == 2 and "choose predictor, oracle or noisy:SIGMA" in bad.stderr

@@ -3,6 +3,8 @@ baselines as they land. `make_policy` is the registry the simulator, CLI and gat
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from basin.errors import BasinError
 from basin.policy.base import (
     Admission,
@@ -13,16 +15,22 @@ from basin.policy.base import (
     SessionInfo,
     Telemetry,
 )
+from basin.policy.basin import Basin, BasinArrival, BasinConfig, DeploymentProfile
 from basin.policy.hicache import HiCache
 
-POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (HiCache,)}
+POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (HiCache, Basin, BasinArrival)}
+NEEDS_PROFILE = ("basin", "basin-arrival")
 
 __all__ = [
     "POLICIES",
     "Admission",
+    "Basin",
+    "BasinArrival",
+    "BasinConfig",
     "CallDirectives",
     "CallInfo",
     "ControlActions",
+    "DeploymentProfile",
     "Policy",
     "SessionInfo",
     "Telemetry",
@@ -30,7 +38,17 @@ __all__ = [
 ]
 
 
-def make_policy(name: str) -> Policy:
+def make_policy(
+    name: str,
+    profile: DeploymentProfile | None = None,
+    predict: Callable[[SessionInfo], float] | None = None,
+    config: BasinConfig | None = None,
+) -> Policy:
+    """A policy by name; BASIN needs the deployment profile and a peak-context predictor."""
     if name not in POLICIES:
         raise BasinError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
+    if name in NEEDS_PROFILE:
+        if profile is None or predict is None:
+            raise BasinError(f"policy {name!r} needs a deployment profile and a peak-context predictor")
+        return POLICIES[name](profile, predict, config)  # type: ignore[call-arg]
     return POLICIES[name]()

@@ -28,6 +28,7 @@ class SessionInfo:
     arrival_s: float
     task: str
     first_prompt_tokens: int
+    source_id: str = ""  # the trajectory replayed, when known (simulation); lets oracles look it up
 
 
 @dataclass(frozen=True, slots=True)

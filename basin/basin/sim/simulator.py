@@ -111,6 +111,7 @@ class Simulation:
         self._rids = itertools.count(1)
         self._hit_cached = 0
         self._hit_prompt = 0
+        self._arrived = 0
         self._reference: dict[str, float] = {}
 
     # ------------------------------------------------------------------ run
@@ -179,9 +180,11 @@ class Simulation:
             state.arrival.time_s,
             state.session.task,
             state.session.calls[state.next_call].prompt_tokens,
+            source_id=state.session.session_id,
         )
 
     def _arrive(self, arrival: Arrival) -> None:
+        self._arrived += 1
         state = self._new_state(arrival)
         decision = self.policy.on_session_arrival(self.env.now, self._info(state))
         if decision is Admission.ADMIT:
@@ -320,7 +323,6 @@ class Simulation:
         hit = self._hit_cached / self._hit_prompt if self._hit_prompt else float("nan")
         self._hit_cached = self._hit_prompt = 0
         now = self.env.now
-        arrived = sum(1 for a in self.arrivals if not a.warm and a.time_s <= now)
         return Telemetry(
             now=now,
             active_sessions=len(self.active),
@@ -332,7 +334,7 @@ class Simulation:
             decode_kv_used_tokens=engine.decode_used_tokens(),
             decode_kv_capacity_tokens=engine.decode_capacity_tokens(),
             lent_tokens=0,
-            arrivals_per_min=arrived / (now / 60) if now > 0 else 0.0,
+            arrivals_per_min=self._arrived / (now / 60) if now > 0 else 0.0,
         )
 
     def _control(self) -> None:
