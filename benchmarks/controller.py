@@ -19,8 +19,14 @@ GOAL_MS = 5.0
 def build(sessions: int, seed: int = 0) -> Basin:
     rng = np.random.default_rng(seed)
     peaks = rng.lognormal(np.log(40_000), 0.7, 2 * sessions)
-    profile = DeploymentProfile(kappa=1.0, lambda_c_per_min=1e9, prefill_gpu_tokens=10**12, host_tokens=0,
-                                decode_kv_tokens=10**12, prefill_tokens_per_s=50_000)
+    profile = DeploymentProfile(
+        kappa=1.0,
+        lambda_c_per_min=1e9,
+        prefill_gpu_tokens=10**12,
+        host_tokens=0,
+        decode_kv_tokens=10**12,
+        prefill_tokens_per_s=50_000,
+    )
     policy = Basin(profile, lambda info: float(peaks[int(info.session_id)]))
     for i in range(sessions):  # residents: admission is inactive, everyone enters
         policy.on_session_arrival(float(i), SessionInfo(str(i), float(i), "", 10_000))
@@ -45,7 +51,9 @@ def step_ms(policy: Basin, steps: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sessions", type=int, default=10_000)
     parser.add_argument("--steps", type=int, default=200)
     args = parser.parse_args()
@@ -53,8 +61,10 @@ def main() -> None:
     large = step_ms(build(args.sessions), args.steps)
     print(f"control step, 100 resident + 100 parked:        {small:.3f} ms (baseline)")
     print(f"control step, {args.sessions:,} resident + {args.sessions:,} parked: {large:.3f} ms")
-    print(f"ratio: {large / small:.2f}x for {args.sessions // 100}x the sessions;"
-          f" goal <= {GOAL_MS:.0f} ms: {'meets' if large <= GOAL_MS else 'misses'}")
+    print(
+        f"ratio: {large / small:.2f}x for {args.sessions // 100}x the sessions;"
+        f" goal <= {GOAL_MS:.0f} ms: {'meets' if large <= GOAL_MS else 'misses'}"
+    )
 
 
 if __name__ == "__main__":
