@@ -31,8 +31,8 @@ def test_basin_keeps_reuse_and_multiplies_goodput() -> None:
     assert basin.label in ("healthy", "recovering")
     assert basin.hit_rate_late >= 0.85
     assert basin.goodput_sessions_per_h >= 2.5 * hicache.goodput_sessions_per_h  # paper: 3.13-4.17x
-    assert basin.completed_fraction >= 0.9
-    assert basin.shed_fraction <= 0.08
+    assert basin.completed_fraction >= 0.95  # the paper's surge-sweep targets: >= 95 %, shedding <= 3 %
+    assert basin.shed_fraction <= 0.03
 
 
 def test_arrival_time_variant_also_escapes_the_trap() -> None:
@@ -42,3 +42,22 @@ def test_arrival_time_variant_also_escapes_the_trap() -> None:
 
 def test_exact_peaks_do_at_least_as_well_as_predictions() -> None:
     assert run("basin", "oracle").goodput_sessions_per_h >= 0.95 * run("basin").goodput_sessions_per_h
+
+
+def test_lending_is_the_cache_tier_that_matters_without_a_host_tier() -> None:
+    """Paper §7.8: removing lending retains 0.50-0.89 of goodput with GPU-only caching."""
+    import dataclasses
+
+    deployment = get_deployment("h200-1p3d", host_tier=0)
+    pool = load_workload("terminal-bench", seed=0)
+    schedule = RateSchedule(
+        base_rate=6.0, duration_min=120, surge_factor=5.0, surge_start_min=15, surge_minutes=20
+    )
+    goodput = {}
+    for lending in (True, False):
+        policy = build_policy("basin", deployment, pool, 0)
+        policy.config = dataclasses.replace(policy.config, lending=lending)  # type: ignore[attr-defined]
+        sim = Simulation(SimulationConfig(deployment, schedule, seed=0), policy, pool)
+        goodput[lending] = sim.run().summary.goodput_sessions_per_h
+        assert (sim.engine.counters.unit_fetches > 0) == lending
+    assert goodput[False] <= 0.9 * goodput[True]

@@ -203,3 +203,45 @@ def test_routers_across_prefill_instances() -> None:
     _, engine2, _ = make_engine(affinity)
     picks = {engine2.route_prefill(request(i, 6400, 1, session="same")).index for i in range(5, 10)}
     assert len(picks) == 1
+
+
+def test_lent_unit_is_fetched_instead_of_recomputed() -> None:
+    deployment = Deployment("t", replace(H100, prefill_cache_tokens=20_000), 1, 1, host_tier=0.0)
+    env, engine, _ = make_engine(deployment)
+    first = request(1, 12_800, 10, session="a")
+    first.lend = True
+    engine.submit(first)
+    env.run(30)
+    decode = engine.decodes[0]
+    assert decode.lent == 12_800 and "a" in engine.units
+    engine.submit(request(2, 19_200, 10, session="b"))  # evicts session a's prefix from prefill
+    env.run(60)
+    assert engine.prefills[0].cache.peek(first.keys) < len(first.keys)
+    follow = request(3, 14_000, 10, keys=first.keys + tuple(range(7_000_000, 7_000_018)), session="a")
+    engine.submit(follow)
+    env.run(120)
+    assert follow.fetched_tokens == 12_800 - follow.cached_gpu_tokens
+    assert follow.cached_tokens == 12_800
+    assert decode.lent == 0 and engine.counters.unit_fetches == 1
+    assert_idle(engine)
+
+
+def test_decode_reclaims_lent_memory_before_making_requests_wait() -> None:
+    gpu = replace(H100, decode_kv_tokens=100_000)
+    deployment = Deployment("t", gpu, 1, 1, host_tier=0.0, lend_cap=0.5, lend_headroom=0.0)
+    env, engine, rec = make_engine(deployment)
+    for rid in range(1, 6):
+        r = request(rid, 12_800, 10, session=f"s{rid}")
+        r.lend = True
+        engine.submit(r)
+    env.run(60)
+    decode = engine.decodes[0]
+    assert decode.lent <= 0.5 * decode.capacity  # the cap holds
+    assert decode.lent == 3 * 12_800
+    big = request(9, 60_000, 10, session="big")
+    engine.submit(big)
+    env.run(0.001)
+    assert big.state != "decode_wait"  # it got its reservation by reclaiming units
+    assert decode.lent <= decode.capacity - 60_512
+    env.run(120)
+    assert 9 in rec.times("done")

@@ -66,6 +66,7 @@ class BasinConfig:
     deteriorated_drop: float = 0.10  # reuse has deteriorated this far below the plateau
     arrival_window_s: float = 3600.0  # the long-run arrival rate averages over this window
     decode_spare: float = 0.8  # lending needs decode KV use below this share and no decode wait
+    lending: bool = True  # False: the "without lending" ablation
 
     def __post_init__(self) -> None:
         positive = {
@@ -282,7 +283,7 @@ class Basin(Policy):
             and telemetry.decode_kv_capacity_tokens > 0
             and telemetry.decode_kv_used_tokens < cfg.decode_spare * telemetry.decode_kv_capacity_tokens
         )
-        self.lend = (w >= cfg.alpha_lend * b00 or self.admit) and spare
+        self.lend = cfg.lending and (w >= cfg.alpha_lend * b00 or self.admit) and spare
         lent = min(telemetry.lent_tokens, cfg.lend_cap * prof.decode_kv_tokens)
         c_eff = max(c, prof.prefill_gpu_tokens + lent)
         self.b0 = b0 = min(cfg.margin * prof.kappa * KNEE * c_eff, c_eff)

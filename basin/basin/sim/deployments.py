@@ -91,6 +91,8 @@ class Deployment:
     # prefill completion ("prefill_complete")
     router: str = "cache_aware"  # prefill routing: cache_aware, affinity or least_loaded
     reserved_decode_tokens: int = 512  # SGLang reserves room for this many output tokens per request
+    lend_cap: float = 0.5  # φ: decode memory that lent units may hold (paper §6.6)
+    lend_headroom: float = 0.1  # units are adopted only with this share of decode memory left above demand
     itl_slo_s: float = 0.050  # §7.1
 
     @property

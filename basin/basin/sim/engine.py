@@ -43,6 +43,7 @@ class Request:
     output_tokens: int
     keys: tuple[int, ...]  # page keys of the prompt's full pages
     priority: float | None = None
+    lend: bool = False  # keep the prompt on decode as a lent unit after the call (BASIN)
     released_at: float = 0.0
     # engine state
     state: str = "new"
@@ -51,6 +52,7 @@ class Request:
     reserved_tokens: int = 0
     cached_gpu_tokens: int = 0
     cached_host_tokens: int = 0
+    fetched_tokens: int = 0  # prefix fetched from a lent unit on decode instead of recomputed
     remaining_prefill: int = 0
     position: int = 0
     allocated_pages: int = 0
@@ -74,7 +76,17 @@ class Request:
 
     @property
     def cached_tokens(self) -> int:
-        return self.cached_gpu_tokens + self.cached_host_tokens
+        return self.cached_gpu_tokens + self.cached_host_tokens + self.fetched_tokens
+
+
+@dataclass(eq=False, slots=True)
+class LentUnit:
+    """A session's latest prompt kept in idle decode memory (BASIN's decode-memory lending)."""
+
+    route_key: str
+    keys: tuple[int, ...]
+    tokens: int
+    decode: DecodeInstance
 
 
 class EngineObserver(Protocol):
@@ -169,7 +181,9 @@ class PrefillInstance:
         request.allocated_pages = need - match.host_pages
         request.cached_gpu_tokens = match.gpu_pages * PAGE_TOKENS
         request.cached_host_tokens = match.host_pages * PAGE_TOKENS
-        cached = match.pages * PAGE_TOKENS
+        # A lent unit that covers more than the local match is written over instead of recomputed.
+        request.fetched_tokens = self.engine.fetch_unit(request, match.pages) * PAGE_TOKENS
+        cached = match.pages * PAGE_TOKENS + request.fetched_tokens
         self.backlog_tokens += (request.prompt_tokens - cached) - request.remaining_prefill
         request.remaining_prefill = request.prompt_tokens - cached
         request.position = cached
@@ -197,6 +211,8 @@ class PrefillInstance:
             self.waiting.pop()
             self.running.append(head)
             seconds += load_back_seconds(gpu, head.cached_host_tokens)
+            if head.fetched_tokens:
+                seconds += transfer_seconds(gpu, head.fetched_tokens)
             take = min(budget, head.remaining_prefill)
             portions.append((head, take))
             budget -= take
@@ -276,6 +292,8 @@ class DecodeInstance:
         self.sum_join_v = 0.0
         self.timer: Timer | None = None
         self.waiting_transfer_tokens = 0  # reserved by requests not yet decoding
+        self.units: dict[str, LentUnit] = {}  # by session, least recently adopted first
+        self.lent = 0
 
     # ---------------------------------------------------------------- reservations
     def reservation(self, request: Request) -> int:
@@ -295,6 +313,8 @@ class DecodeInstance:
             if head is None:
                 return
             need = self.reservation(head)
+            if self.used + self.lent + need > self.capacity:
+                self.reclaim(self.used + self.lent + need - self.capacity)
             if self.used + need > self.capacity and self.used > 0:
                 return
             self.prealloc.pop()
@@ -306,6 +326,46 @@ class DecodeInstance:
     @property
     def demand_tokens(self) -> int:
         return self.used + self.prealloc.tokens
+
+    # ---------------------------------------------------------------- lending
+    def adopt(self, request: Request) -> None:
+        """Keep a finished call's prompt as the session's unit, if the cap and the headroom allow:
+        at most `lend_cap` of memory lent, and room left above queued and running decode demand."""
+        deployment = self.engine.deployment
+        old = self.units.pop(request.route_key, None)
+        if old is not None:
+            self.lent -= old.tokens
+        tokens = len(request.keys) * PAGE_TOKENS
+        headroom = self.capacity - self.used - self.prealloc.tokens - self.lent
+        if (
+            tokens == 0
+            or self.lent + tokens > deployment.lend_cap * self.capacity
+            or headroom - tokens < deployment.lend_headroom * self.capacity
+        ):
+            return
+        self.units[request.route_key] = LentUnit(request.route_key, request.keys, tokens, self)
+        self.lent += tokens
+        self.engine.units[request.route_key] = self.units[request.route_key]
+
+    def drop(self, unit: LentUnit) -> None:
+        if self.units.get(unit.route_key) is unit:
+            del self.units[unit.route_key]
+            self.lent -= unit.tokens
+            if self.engine.units.get(unit.route_key) is unit:
+                del self.engine.units[unit.route_key]
+
+    def reclaim(self, tokens: int) -> int:
+        """Free at least `tokens` of lent memory: units prefill also holds first, then the least
+        recently adopted. Returns what was freed."""
+        freed = 0
+        redundant = [u for u in self.units.values() if self.engine.prefill_holds(u)]
+        for unit in redundant + list(self.units.values()):
+            if freed >= tokens:
+                break
+            if unit.route_key in self.units:
+                freed += unit.tokens
+                self.drop(unit)
+        return freed
 
     # ---------------------------------------------------------------- batch
     def _advance(self, now: float) -> None:
@@ -358,6 +418,8 @@ class DecodeInstance:
         need = request.prompt_tokens + request.output_tokens - request.reserved_tokens
         if need <= 0:
             return
+        if self.used + self.lent + need > self.capacity:
+            self.reclaim(self.used + self.lent + need - self.capacity)  # lent pages go before anyone
         while self.used + need > self.capacity:
             victims = [r for r in self.members.values() if r is not request]
             if not victims:
@@ -403,6 +465,8 @@ class DecodeInstance:
         for request in finished:
             request.state = "done"
             request.done_at = now
+            if request.lend:
+                self.adopt(request)
             self.engine.finished(request)
             self.engine.observer.on_request_done(request, now)
         self.try_reserve()
@@ -428,6 +492,7 @@ class EngineCounters:
     aborted: int = 0
     retractions: int = 0
     transfers: int = 0
+    unit_fetches: int = 0
     by_router: dict[str, int] = field(default_factory=dict)
 
 
@@ -444,6 +509,7 @@ class PDEngine:
         self.counters = EngineCounters()
         self._seq = itertools.count()
         self.requests: dict[int, Request] = {}
+        self.units: dict[str, LentUnit] = {}  # each session's latest lent unit, wherever it lives
 
     # ---------------------------------------------------------------- routing
     def route_prefill(self, request: Request) -> PrefillInstance:
@@ -535,6 +601,30 @@ class PDEngine:
         request.state = "aborted"
         self.requests.pop(request.rid, None)
         self.counters.aborted += 1
+
+    # ---------------------------------------------------------------- lending
+    def fetch_unit(self, request: Request, matched_pages: int) -> int:
+        """Pages of `request`'s prompt to take from its session's lent unit beyond the local match
+        (the unit is consumed: prefill holds the prefix again)."""
+        unit = self.units.get(request.route_key)
+        if unit is None:
+            return 0
+        covered = 0
+        for a, b in zip(unit.keys, request.keys, strict=False):
+            if a != b:
+                break
+            covered += 1
+        unit.decode.drop(unit)
+        if covered <= matched_pages:
+            return 0
+        self.counters.unit_fetches += 1
+        return covered - matched_pages
+
+    def prefill_holds(self, unit: LentUnit) -> bool:
+        return any(p.cache.peek(unit.keys) >= len(unit.keys) for p in self.prefills)
+
+    def lent_tokens(self) -> int:
+        return sum(d.lent for d in self.decodes)
 
     # ---------------------------------------------------------------- telemetry
     def prefill_backlog_tokens(self) -> int:

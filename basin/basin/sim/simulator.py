@@ -234,6 +234,7 @@ class Simulation:
             call.output_tokens,
             keys,
             priority=directives.priority,
+            lend=directives.lend,
         )
         self.working_set += call.prompt_tokens - state.context_tokens
         state.context_tokens = call.prompt_tokens
@@ -333,7 +334,7 @@ class Simulation:
             decode_waiting_requests=engine.decode_waiting_requests(),
             decode_kv_used_tokens=engine.decode_used_tokens(),
             decode_kv_capacity_tokens=engine.decode_capacity_tokens(),
-            lent_tokens=0,
+            lent_tokens=engine.lent_tokens(),
             arrivals_per_min=self._arrived / (now / 60) if now > 0 else 0.0,
         )
 
