@@ -496,6 +496,74 @@ def _analyze_grid(seed: int, as_json: bool) -> None:
     )
 
 
+@cli.command("evaluate")
+@click.argument("suite", type=click.Choice(["ablation"]))
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the workload and the runs.")
+@click.option(
+    "--json",
+    "json_out",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    default=None,
+    help="Write the rows as JSON (- for stdout).",
+)
+@click.option(
+    "--plot",
+    "plot_out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write goodput relative to BASIN as a bar chart (PNG).",
+)
+def evaluate_command(suite: str, seed: int, json_out: str | None, plot_out: str | None) -> None:
+    """Run an evaluation suite of simulated scenarios and systems (ablation: paper §7.8)."""
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from basin.evaluate.suites import SUITES, plot_suite, run_suite
+
+    for path in (json_out, plot_out):
+        if path and path != "-":
+            _writable(path)
+    scenarios, systems = SUITES[suite]
+    with Progress(transient=True, disable=json_out == "-") as progress:
+        task = progress.add_task(suite, total=len(scenarios) * len(systems))
+        rows = run_suite(suite, seed, progress=lambda done: progress.update(task, completed=done))
+    payload = {"suite": suite, "seed": seed, "rows": [r.to_dict() for r in rows]}
+    if json_out == "-":
+        click.echo(json.dumps(payload))
+        return
+    if json_out:
+        Path(json_out).write_text(json.dumps(payload, indent=1))
+    if plot_out:
+        plot_suite(rows, plot_out, f"{suite} (seed {seed})")
+    table = Table(title=f"{suite} · seed {seed}")  # wide: piped output would wrap every cell
+    for column in (
+        "scenario",
+        "system",
+        "goodput/h",
+        "vs BASIN",
+        "completed",
+        "shed",
+        "slowdown",
+        "p90 wait s",
+        "state",
+    ):
+        table.add_column(column, justify="left" if column in ("scenario", "system", "state") else "right")
+    for r in rows:
+        table.add_row(
+            r.scenario,
+            r.system,
+            f"{r.goodput_sessions_per_h:.0f}",
+            f"{r.relative_to_basin:.2f}",
+            f"{r.completed_fraction:.2f}",
+            f"{r.shed_fraction:.3f}",
+            _format_number(r.median_slowdown),
+            _format_number(r.p90_first_call_wait_s),
+            r.label,
+        )
+    Console().print(table)
+
+
 @cli.command("profile")
 @click.option(
     "--simulate",

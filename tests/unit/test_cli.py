@@ -314,3 +314,8 @@ def test_simulate_accepts_basin_and_prediction_modes() -> None:
         assert json.loads(result.stdout)["policy"] == extra[1]
     bad = basin("simulate", "--base-rate", "2", "--policy", "basin", "--prediction", "psychic", "--quiet")
     assert bad.returncode == 2 and "choose predictor, oracle or noisy:SIGMA" in bad.stderr
+
+
+def test_evaluate_rejects_unknown_suites() -> None:
+    result = basin("evaluate", "everything")
+    assert result.returncode == 2 and "ablation" in result.stderr and "Traceback" not in result.stderr

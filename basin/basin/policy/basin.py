@@ -66,7 +66,10 @@ class BasinConfig:
     deteriorated_drop: float = 0.10  # reuse has deteriorated this far below the plateau
     arrival_window_s: float = 3600.0  # the long-run arrival rate averages over this window
     decode_spare: float = 0.8  # lending needs decode KV use below this share and no decode wait
-    lending: bool = True  # False: the "without lending" ablation
+    # Ablations (paper §7.8): switch one mechanism off.
+    lending: bool = True
+    admission: bool = True
+    ordering: bool = True
 
     def __post_init__(self) -> None:
         positive = {
@@ -293,7 +296,9 @@ class Basin(Policy):
         step = cfg.budget_step * b0
         on_plateau = math.isnan(self.plateau) or self.hit >= self.plateau - cfg.plateau_tolerance
         deteriorated = not math.isnan(self.plateau) and self.hit < self.plateau - cfg.deteriorated_drop
-        if w >= b0 or (self.admit and w >= cfg.alpha_release * b0):
+        if not cfg.admission:
+            self.admit = False
+        elif w >= b0 or (self.admit and w >= cfg.alpha_release * b0):
             self.admit = True
             self.release_since = None
         elif self.admit:
@@ -322,7 +327,7 @@ class Basin(Policy):
 
         # Scheduling (lines 13-15): ordering on persistent backlog, high demand, or admission.
         backlog = self._backlog_persists(now, telemetry)
-        wants_order = backlog or w >= cfg.alpha_order * b0 or self.admit
+        wants_order = cfg.ordering and (backlog or w >= cfg.alpha_order * b0 or self.admit)
         if wants_order:
             self.order, self.order_since = True, None
         elif self.order:

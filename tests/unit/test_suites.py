@@ -1,0 +1,49 @@
+"""Evaluation suites: rows per scenario and system, ratios to BASIN, JSON without NaN."""
+
+import json
+
+import pytest
+
+from basin.evaluate import suites
+from basin.evaluate.suites import Scenario, System, run_suite
+
+
+@pytest.fixture
+def tiny_suite(monkeypatch: pytest.MonkeyPatch) -> str:
+    scenario = Scenario("1P1D light", "h100-1p1d", 0.0, 1.5, 2.0, 5.0, surge_start_min=5.0, duration_min=40.0)
+    systems = (
+        System("BASIN", "basin"),
+        System("without priority order", "basin", (("ordering", False),)),
+        System("HiCache alone", "hicache"),
+    )
+    monkeypatch.setitem(suites.SUITES, "tiny", ((scenario,), systems))
+    return "tiny"
+
+
+def test_suite_rows_and_ratios(tiny_suite: str) -> None:
+    progress: list[int] = []
+    rows = run_suite(tiny_suite, seed=0, progress=progress.append)
+    assert progress == [1, 2, 3]
+    assert [r.system for r in rows] == ["BASIN", "without priority order", "HiCache alone"]
+    assert rows[0].relative_to_basin == 1.0
+    for row in rows:
+        assert row.goodput_sessions_per_h > 0
+        assert row.relative_to_basin == pytest.approx(
+            row.goodput_sessions_per_h / rows[0].goodput_sessions_per_h
+        )
+        json.dumps(row.to_dict(), allow_nan=False)
+
+
+def test_ablation_suite_covers_the_papers_variants() -> None:
+    scenarios, systems = suites.SUITES["ablation"]
+    names = {s.name for s in systems}
+    assert {
+        "BASIN",
+        "without priority order",
+        "without admission",
+        "without lending",
+        "lending only",
+        "arrival-time controller",
+        "HiCache alone",
+    } == names
+    assert any(s.host_tier == 0 for s in scenarios) and any(s.host_tier > 0 for s in scenarios)
