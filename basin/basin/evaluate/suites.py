@@ -1,8 +1,8 @@
 """Evaluation suites: named sets of simulated scenarios × systems, each row judged by the same metrics.
 
 `ablation` (paper §7.8, Fig. 23): BASIN with one mechanism removed — the priority order, admission,
-lending — lending alone, and the arrival-time controller, against full BASIN and HiCache alone, on
-cache-first 1P3D scenarios.
+lending — lending alone, and the arrival-time controller, against full BASIN, Continuum and HiCache
+alone, on cache-first 1P3D scenarios.
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ ABLATION_SYSTEMS = (
     System("without lending", "basin", (("lending", False),)),
     System("lending only", "basin", (("admission", False), ("ordering", False))),
     System("arrival-time controller", "basin-arrival"),
+    System("Continuum", "continuum"),
     System("HiCache alone", "hicache"),
 )
 SUITES = {"ablation": (ABLATION_SCENARIOS, ABLATION_SYSTEMS)}

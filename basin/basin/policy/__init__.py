@@ -16,10 +16,12 @@ from basin.policy.base import (
     Telemetry,
 )
 from basin.policy.basin import Basin, BasinArrival, BasinConfig, DeploymentProfile
+from basin.policy.continuum import Continuum
 from basin.policy.hicache import HiCache
 
-POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (HiCache, Basin, BasinArrival)}
-NEEDS_PROFILE = ("basin", "basin-arrival")
+POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (HiCache, Continuum, Basin, BasinArrival)}
+NEEDS_PROFILE = ("continuum", "basin", "basin-arrival")
+NEEDS_PREDICTOR = ("basin", "basin-arrival")
 
 __all__ = [
     "POLICIES",
@@ -29,6 +31,7 @@ __all__ = [
     "BasinConfig",
     "CallDirectives",
     "CallInfo",
+    "Continuum",
     "ControlActions",
     "DeploymentProfile",
     "Policy",
@@ -44,11 +47,15 @@ def make_policy(
     predict: Callable[[SessionInfo], float] | None = None,
     config: BasinConfig | None = None,
 ) -> Policy:
-    """A policy by name; BASIN needs the deployment profile and a peak-context predictor."""
+    """A policy by name; Continuum needs the deployment profile, BASIN also a peak-context predictor."""
     if name not in POLICIES:
         raise BasinError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
-    if name in NEEDS_PROFILE:
-        if profile is None or predict is None:
-            raise BasinError(f"policy {name!r} needs a deployment profile and a peak-context predictor")
-        return POLICIES[name](profile, predict, config)  # type: ignore[call-arg]
-    return POLICIES[name]()
+    if name not in NEEDS_PROFILE:
+        return POLICIES[name]()
+    if profile is None:
+        raise BasinError(f"policy {name!r} needs a deployment profile")
+    if name == "continuum":
+        return Continuum(profile.prefill_tokens_per_s, profile.prefill_gpu_tokens)
+    if predict is None:
+        raise BasinError(f"policy {name!r} needs a peak-context predictor")
+    return POLICIES[name](profile, predict, config)  # type: ignore[call-arg]

@@ -82,8 +82,12 @@ class Policy(ABC):
     def on_call_start(self, now: float, call: CallInfo) -> CallDirectives:
         return CallDirectives()
 
-    def on_call_end(self, now: float, call: CallInfo, context_tokens: int) -> None:  # noqa: B027
-        """A call finished; `context_tokens` is the session's context now (prompt plus output)."""
+    def on_call_end(self, now: float, call: CallInfo, context_tokens: int) -> float:
+        """A call finished; `context_tokens` is the session's context now (prompt plus output).
+
+        Returns how many seconds to pin the session's prompt in the prefill cache while its tool runs
+        (0: no pin); the pin also ends when the session's next call starts prefill."""
+        return 0.0
 
     def on_session_end(self, now: float, session_id: str, completed: bool) -> None:  # noqa: B027
         """A session left: completed, or terminated."""

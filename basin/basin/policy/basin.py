@@ -226,14 +226,15 @@ class Basin(Policy):
         priority = state.key if state is not None and self.order else None
         return CallDirectives(priority=priority, lend=self.lend)
 
-    def on_call_end(self, now: float, call: CallInfo, context_tokens: int) -> None:
+    def on_call_end(self, now: float, call: CallInfo, context_tokens: int) -> float:
         state = self.sessions.get(call.session_id)
         if state is None:
-            return
+            return 0.0
         if state.resident:
             self.reserved += self._demand_change(state, float(context_tokens))
             self.resident_context += context_tokens - state.context
         state.context = float(context_tokens)
+        return 0.0  # BASIN retains contexts by lending, not by pinning
 
     def _demand_change(self, state: _Session, context: float) -> float:
         return 0.0  # predicted peaks are fixed until completion

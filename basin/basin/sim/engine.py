@@ -153,6 +153,7 @@ class PrefillInstance:
         self.running: list[Request] = []  # started, not finished (chunked prefill in progress)
         self.busy = False
         self.backlog_tokens = 0  # uncached tokens still to compute, estimated at enqueue
+        self.pins: dict[str, tuple[Node, float, Timer]] = {}  # session -> (locked node, rank, expiry)
 
     def enqueue(self, request: Request) -> None:
         request.state = "prefill_wait"
@@ -171,7 +172,10 @@ class PrefillInstance:
         cache = self.cache
         match = cache.match(request.keys, now)
         cache.lock(match.node)
+        self.unpin(request.route_key, kick=False)  # its own lock holds the prefix now
         need = len(request.keys) - match.gpu_pages
+        if not cache.can_allocate(need):
+            self._release_pins(need)
         if not cache.allocate(need):
             cache.unlock(match.node)
             return False
@@ -251,6 +255,35 @@ class PrefillInstance:
         request.state = "prefilled"
         self.engine.observer.on_prefill_done(request, now, request.prompt_tokens - request.cached_tokens)
         self.engine.prefill_finished(request)
+
+    # ---------------------------------------------------------------- pins (Continuum's TTL retention)
+    def pin(self, route_key: str, keys: tuple[int, ...], ttl_s: float, rank: float) -> None:
+        """Lock a session's cached prompt for `ttl_s` seconds (or until its next call starts)."""
+        self.unpin(route_key)
+        match = self.cache.match(keys, self.engine.env.now)
+        if match.node is self.cache.root or not match.node.gpu:
+            return
+        self.cache.lock(match.node)
+        timer = self.engine.env.schedule(ttl_s, self.unpin, route_key)
+        self.pins[route_key] = (match.node, rank, timer)
+
+    def unpin(self, route_key: str, kick: bool = True) -> None:
+        pinned = self.pins.pop(route_key, None)
+        if pinned is not None:
+            node, _, timer = pinned
+            timer.cancel()
+            self.cache.unlock(node)
+            if kick:  # not from inside a chunk being filled
+                self._kick()
+
+    def _release_pins(self, pages: int) -> None:
+        """Under memory pressure, drop pins of the latest-arriving sessions first until `pages` fit."""
+        for route_key in sorted(self.pins, key=lambda k: self.pins[k][1], reverse=True):
+            if self.cache.can_allocate(pages):
+                return
+            node, _, timer = self.pins.pop(route_key)
+            timer.cancel()
+            self.cache.unlock(node)
 
     def release(self, request: Request) -> None:
         """The KV left for decode (or the request was aborted): drop prefill's hold on its pages."""
@@ -601,6 +634,16 @@ class PDEngine:
         request.state = "aborted"
         self.requests.pop(request.rid, None)
         self.counters.aborted += 1
+
+    # ---------------------------------------------------------------- pins
+    def pin(self, request: Request, ttl_s: float, rank: float) -> None:
+        """Pin a finished request's prompt where prefill cached it (Continuum)."""
+        if request.prefill is not None:
+            request.prefill.pin(request.route_key, request.keys, ttl_s, rank)
+
+    def unpin(self, route_key: str) -> None:
+        for prefill in self.prefills:
+            prefill.unpin(route_key)
 
     # ---------------------------------------------------------------- lending
     def fetch_unit(self, request: Request, matched_pages: int) -> int:

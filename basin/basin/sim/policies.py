@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from basin.errors import BasinError
-from basin.policy import NEEDS_PROFILE, DeploymentProfile, Policy, SessionInfo, make_policy
+from basin.policy import NEEDS_PREDICTOR, NEEDS_PROFILE, DeploymentProfile, Policy, SessionInfo, make_policy
 from basin.sim.costs import prefill_seconds
 from basin.sim.deployments import Deployment
 from basin.workload.model import Session
@@ -81,6 +81,9 @@ def build_policy(
 ) -> Policy:
     if name not in NEEDS_PROFILE:
         return make_policy(name)
+    profile = default_profile(deployment, pool, kappa, lambda_c_per_min)
+    if name not in NEEDS_PREDICTOR:
+        return make_policy(name, profile)
     predictions = peak_predictions(pool, prediction, seed)
     fallback = float(np.median(list(predictions.values())))
 
@@ -88,4 +91,4 @@ def build_policy(
         return predictions.get(info.source_id, fallback)
 
     lookup: Callable[[SessionInfo], float] = predict
-    return make_policy(name, default_profile(deployment, pool, kappa, lambda_c_per_min), lookup)
+    return make_policy(name, profile, lookup)

@@ -245,6 +245,7 @@ class Simulation:
 
     def _finish_session(self, state: SessionState, outcome: str) -> None:
         now = self.env.now
+        self.engine.unpin(state.sid)
         if state.request is not None:
             self.engine.abort(state.request)
             state.request = None
@@ -294,9 +295,13 @@ class Simulation:
         call = state.session.calls[index]
         self.working_set += call.output_tokens
         state.context_tokens += call.output_tokens
-        self.policy.on_call_end(now, CallInfo(state.sid, index, call.prompt_tokens), state.context_tokens)
+        pin_s = self.policy.on_call_end(
+            now, CallInfo(state.sid, index, call.prompt_tokens), state.context_tokens
+        )
         state.next_call += 1
         if state.next_call < len(state.session.calls):
+            if pin_s > 0:
+                self.engine.pin(request, pin_s, rank=state.arrival.time_s)
             self.env.schedule(call.tool_gap_s, self._release_call, state)
         else:
             self._finish_session(state, "completed")
