@@ -69,3 +69,9 @@ def test_continuum_keeps_reuse_and_basin_still_leads() -> None:
     assert continuum.goodput_sessions_per_h >= 2 * hicache.goodput_sessions_per_h
     # Measured 1.19x on this calibration (paper: 1.64x under the default surge).
     assert basin.goodput_sessions_per_h >= 1.1 * continuum.goodput_sessions_per_h
+
+
+def test_concur_contains_the_surge_less_well_than_basin() -> None:
+    concur, basin, hicache = run("concur"), run("basin"), run("hicache")
+    assert concur.goodput_sessions_per_h >= 1.3 * hicache.goodput_sessions_per_h
+    assert basin.goodput_sessions_per_h >= 1.5 * concur.goodput_sessions_per_h  # paper: CONCUR 0.52 of BASIN

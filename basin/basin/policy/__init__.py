@@ -16,10 +16,13 @@ from basin.policy.base import (
     Telemetry,
 )
 from basin.policy.basin import Basin, BasinArrival, BasinConfig, DeploymentProfile
+from basin.policy.concur import Concur
 from basin.policy.continuum import Continuum
 from basin.policy.hicache import HiCache
 
-POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (HiCache, Continuum, Basin, BasinArrival)}
+POLICIES: dict[str, type[Policy]] = {
+    cls.name: cls for cls in (HiCache, Continuum, Concur, Basin, BasinArrival)
+}
 NEEDS_PROFILE = ("continuum", "basin", "basin-arrival")
 NEEDS_PREDICTOR = ("basin", "basin-arrival")
 
@@ -31,6 +34,7 @@ __all__ = [
     "BasinConfig",
     "CallDirectives",
     "CallInfo",
+    "Concur",
     "Continuum",
     "ControlActions",
     "DeploymentProfile",

@@ -29,6 +29,7 @@ class SessionInfo:
     task: str
     first_prompt_tokens: int
     source_id: str = ""  # the trajectory replayed, when known (simulation); lets oracles look it up
+    warm: bool = False  # already running when the policy started: admitted whatever the answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +68,8 @@ class CallDirectives:
 class ControlActions:
     admit: list[str] = field(default_factory=list)  # parked sessions to admit now
     shed: list[str] = field(default_factory=list)  # parked sessions to refuse now
+    pause: list[str] = field(default_factory=list)  # active sessions to hold at their next turn boundary
+    resume: list[str] = field(default_factory=list)  # paused sessions to let go on
     next_control_s: float | None = None  # when to call on_control again (None: the policy's default)
 
 

@@ -105,6 +105,8 @@ class Simulation:
         )
         self.sessions: dict[str, SessionState] = {}
         self.parked: dict[str, SessionState] = {}
+        self.paused: set[str] = set()  # active sessions told to pause at their next turn boundary
+        self.held: set[str] = set()  # paused sessions whose next call is waiting
         self.active: dict[str, SessionState] = {}
         self.working_set = 0
         self._page_ids = itertools.count(1)
@@ -181,6 +183,7 @@ class Simulation:
             state.session.task,
             state.session.calls[state.next_call].prompt_tokens,
             source_id=state.session.session_id,
+            warm=state.arrival.warm,
         )
 
     def _arrive(self, arrival: Arrival) -> None:
@@ -219,6 +222,9 @@ class Simulation:
     def _release_call(self, state: SessionState) -> None:
         if state.status != "active":
             return
+        if state.sid in self.paused:
+            self.held.add(state.sid)  # a paused session waits at its turn boundary
+            return
         now = self.env.now
         index = state.next_call
         call = state.session.calls[index]
@@ -246,6 +252,8 @@ class Simulation:
     def _finish_session(self, state: SessionState, outcome: str) -> None:
         now = self.env.now
         self.engine.unpin(state.sid)
+        self.paused.discard(state.sid)
+        self.held.discard(state.sid)
         if state.request is not None:
             self.engine.abort(state.request)
             state.request = None
@@ -354,6 +362,14 @@ class Simulation:
             state = self.parked.get(sid)
             if state is not None:
                 self._finish_session(state, "shed")
+        for sid in actions.pause:
+            if sid in self.active:
+                self.paused.add(sid)
+        for sid in actions.resume:
+            self.paused.discard(sid)
+            if sid in self.held:
+                self.held.discard(sid)
+                self._release_call(self.sessions[sid])
         interval = actions.next_control_s or self.policy.control_interval_s
         assert interval is not None
         self.env.schedule(interval, self._control)
