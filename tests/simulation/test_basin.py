@@ -75,3 +75,10 @@ def test_concur_contains_the_surge_less_well_than_basin() -> None:
     concur, basin, hicache = run("concur"), run("basin"), run("hicache")
     assert concur.goodput_sessions_per_h >= 1.3 * hicache.goodput_sessions_per_h
     assert basin.goodput_sessions_per_h >= 1.5 * concur.goodput_sessions_per_h  # paper: CONCUR 0.52 of BASIN
+
+
+def test_thunderagent_keeps_reuse_by_making_new_sessions_wait() -> None:
+    thunder, basin = run("thunderagent"), run("basin")
+    assert thunder.hit_rate_late >= 0.8
+    assert thunder.median_first_call_wait_s >= 600  # paper: median first-call waits of 26-39 minutes
+    assert basin.goodput_sessions_per_h >= 1.5 * thunder.goodput_sessions_per_h

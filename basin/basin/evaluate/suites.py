@@ -66,6 +66,7 @@ ABLATION_SYSTEMS = (
     System("lending only", "basin", (("admission", False), ("ordering", False))),
     System("arrival-time controller", "basin-arrival"),
     System("Continuum", "continuum"),
+    System("ThunderAgent", "thunderagent"),
     System("CONCUR", "concur"),
     System("HiCache alone", "hicache"),
 )

@@ -19,11 +19,12 @@ from basin.policy.basin import Basin, BasinArrival, BasinConfig, DeploymentProfi
 from basin.policy.concur import Concur
 from basin.policy.continuum import Continuum
 from basin.policy.hicache import HiCache
+from basin.policy.thunderagent import ThunderAgent
 
 POLICIES: dict[str, type[Policy]] = {
-    cls.name: cls for cls in (HiCache, Continuum, Concur, Basin, BasinArrival)
+    cls.name: cls for cls in (HiCache, Continuum, ThunderAgent, Concur, Basin, BasinArrival)
 }
-NEEDS_PROFILE = ("continuum", "basin", "basin-arrival")
+NEEDS_PROFILE = ("continuum", "thunderagent", "basin", "basin-arrival")
 NEEDS_PREDICTOR = ("basin", "basin-arrival")
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "Policy",
     "SessionInfo",
     "Telemetry",
+    "ThunderAgent",
     "make_policy",
 ]
 
@@ -60,6 +62,8 @@ def make_policy(
         raise BasinError(f"policy {name!r} needs a deployment profile")
     if name == "continuum":
         return Continuum(profile.prefill_tokens_per_s, profile.prefill_gpu_tokens)
+    if name == "thunderagent":  # bounded by the larger cache tier
+        return ThunderAgent(max(profile.prefill_gpu_tokens, profile.host_tokens))
     if predict is None:
         raise BasinError(f"policy {name!r} needs a peak-context predictor")
     return POLICIES[name](profile, predict, config)  # type: ignore[call-arg]
