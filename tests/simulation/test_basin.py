@@ -82,3 +82,9 @@ def test_thunderagent_keeps_reuse_by_making_new_sessions_wait() -> None:
     assert thunder.hit_rate_late >= 0.8
     assert thunder.median_first_call_wait_s >= 600  # paper: median first-call waits of 26-39 minutes
     assert basin.goodput_sessions_per_h >= 1.5 * thunder.goodput_sessions_per_h
+
+
+def test_crossflow_borrows_decode_compute_but_loses_reuse() -> None:
+    crossflow, basin = run("crossflow"), run("basin")
+    assert crossflow.hit_rate_late < basin.hit_rate_late - 0.3
+    assert basin.goodput_sessions_per_h >= 1.3 * crossflow.goodput_sessions_per_h

@@ -245,3 +245,22 @@ def test_decode_reclaims_lent_memory_before_making_requests_wait() -> None:
     assert decode.lent <= decode.capacity - 60_512
     env.run(120)
     assert 9 in rec.times("done")
+
+
+def test_crossflow_decode_borrows_prefill_work_within_the_itl_slo() -> None:
+    deployment = Deployment("t", H100, 1, 1, host_tier=0.0, decode_prefill=True)
+    env, engine, rec = make_engine(deployment)
+    decoding = request(1, 2_048, 3_000)  # keeps the decode batch busy for a while
+    engine.submit(decoding)
+    env.run(1.0)
+    for rid in range(2, 6):  # a prefill backlog: the decode instance takes one at a time
+        engine.submit(request(rid, 60_000, 20))
+    env.run(0.01)
+    decode = engine.decodes[0]
+    assert decode.borrowed is not None and decode.borrowed.state == "borrowed"
+    assert decode.step_s <= deployment.itl_slo_s + 1e-9  # the lease keeps mixed steps within the SLO
+    env.run(600)
+    assert len(rec.times("done")) == 5
+    assert decoding.itl_violating_steps == 0
+    assert_idle(engine)
+    assert 1 <= engine.counters.borrowed_prefills < 4  # the prefill instance kept some of the work

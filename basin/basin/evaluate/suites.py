@@ -68,6 +68,7 @@ ABLATION_SYSTEMS = (
     System("Continuum", "continuum"),
     System("ThunderAgent", "thunderagent"),
     System("CONCUR", "concur"),
+    System("Crossflow", "crossflow"),
     System("HiCache alone", "hicache"),
 )
 SUITES = {"ablation": (ABLATION_SCENARIOS, ABLATION_SYSTEMS)}

@@ -18,11 +18,11 @@ from basin.policy.base import (
 from basin.policy.basin import Basin, BasinArrival, BasinConfig, DeploymentProfile
 from basin.policy.concur import Concur
 from basin.policy.continuum import Continuum
-from basin.policy.hicache import HiCache
+from basin.policy.hicache import Crossflow, HiCache
 from basin.policy.thunderagent import ThunderAgent
 
 POLICIES: dict[str, type[Policy]] = {
-    cls.name: cls for cls in (HiCache, Continuum, ThunderAgent, Concur, Basin, BasinArrival)
+    cls.name: cls for cls in (HiCache, Continuum, ThunderAgent, Concur, Crossflow, Basin, BasinArrival)
 }
 NEEDS_PROFILE = ("continuum", "thunderagent", "basin", "basin-arrival")
 NEEDS_PREDICTOR = ("basin", "basin-arrival")
@@ -38,6 +38,7 @@ __all__ = [
     "Concur",
     "Continuum",
     "ControlActions",
+    "Crossflow",
     "DeploymentProfile",
     "Policy",
     "SessionInfo",

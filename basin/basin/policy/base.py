@@ -78,6 +78,8 @@ class Policy(ABC):
 
     name: ClassVar[str]
     control_interval_s: ClassVar[float | None] = None  # None: never called for control
+    # Engine behaviour the system brings with it (deployment options the simulator applies).
+    engine_options: ClassVar[dict[str, object]] = {}
 
     @abstractmethod
     def on_session_arrival(self, now: float, session: SessionInfo) -> Admission: ...

@@ -93,6 +93,8 @@ class Deployment:
     reserved_decode_tokens: int = 512  # SGLang reserves room for this many output tokens per request
     lend_cap: float = 0.5  # φ: decode memory that lent units may hold (paper §6.6)
     lend_headroom: float = 0.1  # units are adopted only with this share of decode memory left above demand
+    decode_prefill: bool = False  # Crossflow: decode instances borrow prefill work under an ITL lease
+    crossflow_min_lease_tokens: int = 256  # prefill tokens per mixed step even when decode is slow
     itl_slo_s: float = 0.050  # §7.1
 
     @property

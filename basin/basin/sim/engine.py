@@ -129,6 +129,10 @@ class _Queue:
         self.tokens -= request.prompt_tokens
         return request
 
+    def ordered(self) -> list[Request]:
+        """Members in queue order (for scans that may remove one)."""
+        return [r for _, r in sorted(self._heap) if r.rid in self._members]
+
     def remove(self, request: Request) -> bool:
         if request.rid not in self._members:
             return False
@@ -162,6 +166,8 @@ class PrefillInstance:
         self.backlog_tokens += request.remaining_prefill
         self.waiting.push(request)
         self._kick()
+        if request.decode is not None:
+            request.decode.try_borrow()
 
     def _kick(self) -> None:
         if not self.busy:
@@ -256,6 +262,17 @@ class PrefillInstance:
         self.engine.observer.on_prefill_done(request, now, request.prompt_tokens - request.cached_tokens)
         self.engine.prefill_finished(request)
 
+    def borrowable(self, decode: DecodeInstance) -> Request | None:
+        """The oldest waiting request reserved on `decode`, when the queue has a backlog (Crossflow)."""
+        if not self.busy or len(self.waiting) == 0:
+            return None
+        for request in self.waiting.ordered():
+            if request.decode is decode and request.reserved_tokens:
+                self.waiting.remove(request)
+                self.backlog_tokens -= request.remaining_prefill
+                return request
+        return None
+
     # ---------------------------------------------------------------- pins (Continuum's TTL retention)
     def pin(self, route_key: str, keys: tuple[int, ...], ttl_s: float, rank: float) -> None:
         """Lock a session's cached prompt for `ttl_s` seconds (or until its next call starts)."""
@@ -327,6 +344,11 @@ class DecodeInstance:
         self.waiting_transfer_tokens = 0  # reserved by requests not yet decoding
         self.units: dict[str, LentUnit] = {}  # by session, least recently adopted first
         self.lent = 0
+        # Crossflow: one borrowed prefill at a time, computed in the decode steps under a lease.
+        self.borrowed: Request | None = None
+        self.borrow_remaining = 0.0
+        self.borrow_rate = 0.0  # prefill tokens per second while borrowing
+        self.borrow_timer: Timer | None = None
 
     # ---------------------------------------------------------------- reservations
     def reservation(self, request: Request) -> int:
@@ -407,6 +429,8 @@ class DecodeInstance:
             self.v += steps
             if self.step_s > self.engine.deployment.itl_slo_s:
                 self.violations += steps
+        if self.borrowed is not None:
+            self.borrow_remaining -= (now - self.updated) * self.borrow_rate
         self.updated = now
 
     def context_tokens(self) -> float:
@@ -418,12 +442,78 @@ class DecodeInstance:
             self.timer = None
         n = len(self.members)
         self.step_s = decode_step_seconds(self.gpu, n, self.context_tokens())
+        if self.borrowed is not None:
+            self._lease()
         while self.batch and self.batch[0][2].rid not in self.members:
             heapq.heappop(self.batch)
         if self.batch:
             finish_v = self.batch[0][0]
             delay = max(0.0, (finish_v - self.v) * self.step_s)
             self.timer = self.engine.env.schedule(delay, self._finish_due)
+
+    # ---------------------------------------------------------------- Crossflow's borrowed prefill
+    def _lease(self) -> None:
+        """Share each step between decoding and the borrowed prefill so steps stay at the ITL SLO: the
+        lease is the prefill tokens that fit in the step time left under the SLO (all of the time when
+        nothing decodes). Re-prices the step and the borrowed prefill's finish."""
+        request = self.borrowed
+        assert request is not None
+        position = request.prompt_tokens - max(self.borrow_remaining, 0.0)
+        per_token = prefill_seconds(self.gpu, 1, int(position))
+        if self.members:
+            room = 0.999 * self.engine.deployment.itl_slo_s - self.step_s - self.gpu.prefill_chunk_overhead_s
+            lease = max(room / per_token, self.engine.deployment.crossflow_min_lease_tokens)
+            self.step_s += lease * per_token + self.gpu.prefill_chunk_overhead_s
+            self.borrow_rate = lease / self.step_s
+        else:
+            self.borrow_rate = 1.0 / per_token
+        if self.borrow_timer is not None:
+            self.borrow_timer.cancel()
+        delay = max(self.borrow_remaining, 0.0) / self.borrow_rate if self.borrow_rate > 0 else 0.0
+        self.borrow_timer = self.engine.env.schedule(delay, self._borrow_done)
+
+    def try_borrow(self) -> None:
+        """Take the oldest request reserved here that still waits for prefill, if the prefill queue has
+        a backlog. Its cached prefix comes over from prefill; decode computes the rest."""
+        if self.borrowed is not None or not self.engine.deployment.decode_prefill:
+            return
+        for prefill in self.engine.prefills:
+            request = prefill.borrowable(self)
+            if request is None:
+                continue
+            self._advance(self.engine.env.now)
+            cached = prefill.cache.peek(request.keys) * PAGE_TOKENS
+            request.cached_gpu_tokens = cached
+            request.prefill_started_at = self.engine.env.now
+            request.state = "borrowed"
+            self.engine.observer.on_prefill_start(request, self.engine.env.now)
+            self.borrowed = request
+            self.engine.counters.borrowed_prefills += 1
+            self.borrow_remaining = float(request.prompt_tokens - cached)
+            self._reschedule()
+            return
+
+    def _borrow_done(self) -> None:
+        now = self.engine.env.now
+        self.borrow_timer = None
+        self._advance(now)
+        request = self.borrowed
+        assert request is not None
+        self.borrowed = None
+        self.borrow_remaining = 0.0
+        self._reschedule()
+        request.prefill_done_at = now
+        self.engine.observer.on_prefill_done(request, now, request.prompt_tokens - request.cached_tokens)
+        # The suffix was computed here; the cached prefix still comes over from prefill.
+        request.state = "transfer"
+        self.engine.env.schedule(
+            transfer_seconds(self.gpu, request.cached_gpu_tokens), self._borrowed_ready, request
+        )
+        self.try_borrow()
+
+    def _borrowed_ready(self, request: Request) -> None:
+        if request.state == "transfer":
+            self.join(request)
 
     def join(self, request: Request) -> None:
         """The KV arrived: the request starts decoding."""
@@ -503,10 +593,18 @@ class DecodeInstance:
             self.engine.finished(request)
             self.engine.observer.on_request_done(request, now)
         self.try_reserve()
+        self.try_borrow()
 
     def abort(self, request: Request) -> None:
         if self.prealloc.remove(request):
             return
+        if request is self.borrowed:
+            self._advance(self.engine.env.now)
+            self.borrowed = None
+            if self.borrow_timer is not None:
+                self.borrow_timer.cancel()
+                self.borrow_timer = None
+            self._reschedule()
         if request.rid in self.members:
             self._advance(self.engine.env.now)
             self._leave(request)
@@ -526,6 +624,7 @@ class EngineCounters:
     retractions: int = 0
     transfers: int = 0
     unit_fetches: int = 0
+    borrowed_prefills: int = 0
     by_router: dict[str, int] = field(default_factory=dict)
 
 

@@ -84,7 +84,10 @@ class Simulation:
         self.config = config
         self.policy = policy
         self.env = Environment()
-        self.engine = PDEngine(self.env, config.deployment, self)
+        deployment = config.deployment
+        if policy.engine_options:
+            deployment = deployment.with_options(**policy.engine_options)
+        self.engine = PDEngine(self.env, deployment, self)
         self.rng = np.random.default_rng(config.seed)
         self.progress = progress
         schedule = config.schedule
