@@ -14,12 +14,12 @@ $(BIN)/basin: pyproject.toml
 
 venv: $(BIN)/basin
 
-# The paper's §3 scenario on the calibrated H100 1P1D model: a +100 % ten-minute surge traps the engine.
+# The headline comparison: H200 1P3D with a 2x host tier, a x5 surge for 20 minutes from half the critical
+# rate: HiCache alone is trapped, Continuum holds, BASIN leads. The paper's §3 single-engine cache trap is
+# `basin simulate --deployment h100-1p1d --base-rate 3.3 --surge-factor 2 --surge-minutes 10 --seed 8`.
 demo: venv
 	mkdir -p out
-	$(BIN)/basin simulate --deployment h100-1p1d --policy hicache --workload terminal-bench \
-		--base-rate 3.3 --surge-factor 2.0 --surge-start-min 15 --surge-minutes 10 --duration-min 120 \
-		--seed 8 --json out/demo.json --plot out/demo.png
+	$(BIN)/basin evaluate headline --seed 0 --json out/demo.json --plot out/demo.png
 	@echo "figure: out/demo.png, full result: out/demo.json"
 
 lint: venv

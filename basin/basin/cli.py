@@ -497,7 +497,7 @@ def _analyze_grid(seed: int, as_json: bool) -> None:
 
 
 @cli.command("evaluate")
-@click.argument("suite", type=click.Choice(["ablation"]))
+@click.argument("suite", type=click.Choice(["headline", "main", "ablation"]))
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the workload and the runs.")
 @click.option(
     "--json",
@@ -514,12 +514,13 @@ def _analyze_grid(seed: int, as_json: bool) -> None:
     help="Write goodput relative to BASIN as a bar chart (PNG).",
 )
 def evaluate_command(suite: str, seed: int, json_out: str | None, plot_out: str | None) -> None:
-    """Run an evaluation suite of simulated scenarios and systems (ablation: paper §7.8)."""
+    """Run an evaluation suite: headline (the demo), main (paper §7.3: seven systems, six scenarios) or
+    ablation (§7.8)."""
     from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
 
-    from basin.evaluate.suites import SUITES, plot_suite, run_suite
+    from basin.evaluate.suites import SUITES, headline, plot_suite, plot_timeseries, run_suite
 
     for path in (json_out, plot_out):
         if path and path != "-":
@@ -527,14 +528,20 @@ def evaluate_command(suite: str, seed: int, json_out: str | None, plot_out: str 
     scenarios, systems = SUITES[suite]
     with Progress(transient=True, disable=json_out == "-") as progress:
         task = progress.add_task(suite, total=len(scenarios) * len(systems))
-        rows = run_suite(suite, seed, progress=lambda done: progress.update(task, completed=done))
-    payload = {"suite": suite, "seed": seed, "rows": [r.to_dict() for r in rows]}
+        summaries: dict = {}
+        rows = run_suite(
+            suite, seed, progress=lambda done: progress.update(task, completed=done), summaries=summaries
+        )
+    heads = headline(rows)
+    payload = {"suite": suite, "seed": seed, "rows": [r.to_dict() for r in rows], "headline": heads}
     if json_out == "-":
         click.echo(json.dumps(payload))
         return
     if json_out:
         Path(json_out).write_text(json.dumps(payload, indent=1))
-    if plot_out:
+    if plot_out and len(scenarios) == 1:
+        plot_timeseries(summaries, scenarios[0], plot_out)  # one scenario: its time series
+    elif plot_out:
         plot_suite(rows, plot_out, f"{suite} (seed {seed})")
     table = Table(title=f"{suite} · seed {seed}")  # wide: piped output would wrap every cell
     for column in (

@@ -37,13 +37,47 @@ def test_suite_rows_and_ratios(tiny_suite: str) -> None:
 def test_ablation_suite_covers_the_papers_variants() -> None:
     scenarios, systems = suites.SUITES["ablation"]
     names = {s.name for s in systems}
-    assert {
+    expected = {
         "BASIN",
         "without priority order",
         "without admission",
         "without lending",
         "lending only",
         "arrival-time controller",
+        "Continuum",
+        "ThunderAgent",
+        "CONCUR",
+        "Crossflow",
         "HiCache alone",
-    } == names
+    }
+    assert names == expected
     assert any(s.host_tier == 0 for s in scenarios) and any(s.host_tier > 0 for s in scenarios)
+
+
+def test_headline_ratios_pick_the_strongest_baseline() -> None:
+    from basin.evaluate.suites import Row, headline
+
+    rows = [
+        Row("s", "BASIN", 900, 1, 0, 1, 1, "healthy"),
+        Row("s", "Continuum", 600, 1, 0, 1, 1, "healthy"),
+        Row("s", "without lending", 950, 1, 0, 1, 1, "healthy"),  # a variant, not a baseline
+        Row("s", "HiCache alone", 300, 1, 0, 1, 1, "trapped"),
+    ]
+    (head,) = headline(rows)
+    assert head["strongest_baseline"] == "Continuum"
+    assert head["vs_strongest"] == 1.5 and head["vs_hicache"] == 3.0
+
+
+def test_main_suite_has_six_scenarios_and_seven_systems() -> None:
+    scenarios, systems = suites.SUITES["main"]
+    assert len(scenarios) == 6 and len(systems) == 7
+    assert {s.policy for s in systems} == {
+        "basin",
+        "continuum",
+        "thunderagent",
+        "concur",
+        "crossflow",
+        "composition",
+        "hicache",
+    }
+    assert all(s.base_rate is None and s.base_fraction == 0.5 for s in scenarios)

@@ -1,5 +1,8 @@
 """Evaluation suites: named sets of simulated scenarios × systems, each row judged by the same metrics.
 
+`headline`: the first `main` scenario with BASIN, Continuum and HiCache alone (the README's demo).
+`main` (paper §7.3, Fig. 14): H200 1P1D and 1P3D with a 2x host tier, a x5 surge for 20 minutes from half
+the critical rate, the same with tool time x3, and the same GPU-only, for all seven systems.
 `ablation` (paper §7.8, Fig. 23): BASIN with one mechanism removed — the priority order, admission,
 lending — lending alone, and the arrival-time controller, against full BASIN, Continuum and HiCache
 alone, on cache-first 1P3D scenarios.
@@ -9,22 +12,32 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from basin.evaluate.summary import Summary
+
+if TYPE_CHECKING:
+    from basin.sim.deployments import Deployment
+    from basin.workload.model import Session
 
 
 @dataclass(frozen=True)
 class Scenario:
+    """`base_rate` in sessions/min; when None, `base_fraction` of the critical rate (the fluid model's
+    departure peak for this deployment and workload)."""
+
     name: str
     deployment: str
     host_tier: float
-    base_rate: float
+    base_rate: float | None
     surge_factor: float
     surge_minutes: float
     surge_start_min: float = 15.0
     duration_min: float = 120.0
+    tool_time_scale: float = 1.0
+    base_fraction: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -71,7 +84,44 @@ ABLATION_SYSTEMS = (
     System("Crossflow", "crossflow"),
     System("HiCache alone", "hicache"),
 )
-SUITES = {"ablation": (ABLATION_SCENARIOS, ABLATION_SYSTEMS)}
+MAIN_SCENARIOS = tuple(
+    Scenario(f"{preset[-4:].upper()} {label}", preset, host, None, 5.0, 20.0, tool_time_scale=tool)
+    for preset in ("h200-1p3d", "h200-1p1d")
+    for label, host, tool in (
+        ("x5 surge", 2.0, 1.0),
+        ("x5 surge, tools x3", 2.0, 3.0),
+        ("x5 surge, GPU-only", 0.0, 1.0),
+    )
+)
+MAIN_SYSTEMS = (
+    System("BASIN", "basin"),
+    System("Continuum", "continuum"),
+    System("ThunderAgent", "thunderagent"),
+    System("CONCUR", "concur"),
+    System("Crossflow", "crossflow"),
+    System("Composition", "composition"),
+    System("HiCache alone", "hicache"),
+)
+HEADLINE_SCENARIOS = MAIN_SCENARIOS[:1]
+HEADLINE_SYSTEMS = (
+    System("BASIN", "basin"),
+    System("Continuum", "continuum"),
+    System("HiCache alone", "hicache"),
+)
+SUITES = {
+    "headline": (HEADLINE_SCENARIOS, HEADLINE_SYSTEMS),
+    "main": (MAIN_SCENARIOS, MAIN_SYSTEMS),
+    "ablation": (ABLATION_SCENARIOS, ABLATION_SYSTEMS),
+}
+
+
+def base_rate(scenario: Scenario, deployment: Deployment, pool: Sequence[Session]) -> float:
+    if scenario.base_rate is not None:
+        return scenario.base_rate
+    from basin.fluid import FluidModel, FluidParameters, analyze
+
+    peak = analyze(FluidModel(FluidParameters.from_workload(deployment, pool)), 0.0).d_peak_per_min
+    return scenario.base_fraction * peak
 
 
 def run_scenario(scenario: Scenario, system: System, seed: int, workload: str = "terminal-bench") -> Summary:
@@ -81,9 +131,9 @@ def run_scenario(scenario: Scenario, system: System, seed: int, workload: str = 
     from basin.workload import RateSchedule, load_workload
 
     deployment = get_deployment(scenario.deployment, host_tier=scenario.host_tier)
-    pool = load_workload(workload, seed=seed)
+    pool = load_workload(workload, seed=seed, tool_time_scale=scenario.tool_time_scale)
     schedule = RateSchedule(
-        base_rate=scenario.base_rate,
+        base_rate=base_rate(scenario, deployment, pool),
         duration_min=scenario.duration_min,
         surge_factor=scenario.surge_factor,
         surge_start_min=scenario.surge_start_min,
@@ -96,7 +146,13 @@ def run_scenario(scenario: Scenario, system: System, seed: int, workload: str = 
     return Simulation(SimulationConfig(deployment, schedule, seed=seed), policy, pool).run().summary
 
 
-def run_suite(name: str, seed: int = 0, progress: Callable[[int], None] | None = None) -> list[Row]:
+def run_suite(
+    name: str,
+    seed: int = 0,
+    progress: Callable[[int], None] | None = None,
+    summaries: dict[tuple[str, str], Summary] | None = None,
+) -> list[Row]:
+    """Rows of a suite; `summaries`, if given, collects each run's full summary by (scenario, system)."""
     scenarios, systems = SUITES[name]
     rows: list[Row] = []
     done = 0
@@ -104,6 +160,8 @@ def run_suite(name: str, seed: int = 0, progress: Callable[[int], None] | None =
         results = []
         for system in systems:
             summary = run_scenario(scenario, system, seed)
+            if summaries is not None:
+                summaries[(scenario.name, system.name)] = summary
             results.append((system, summary))
             done += 1
             if progress is not None:
@@ -150,5 +208,62 @@ def plot_suite(rows: list[Row], out: str, title: str) -> None:
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, ncol=4)
     ax.grid(axis="y", alpha=0.3)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def headline(rows: list[Row]) -> list[dict[str, float | str]]:
+    """Per scenario: BASIN's goodput over the strongest baseline's and over HiCache alone's."""
+    variants = ("lending only", "arrival-time controller")
+    out: list[dict[str, float | str]] = []
+    for scenario in dict.fromkeys(r.scenario for r in rows):
+        group = {r.system: r.goodput_sessions_per_h for r in rows if r.scenario == scenario}
+        basin = group.get("BASIN", math.nan)
+        baselines = {
+            k: v
+            for k, v in group.items()
+            if k != "BASIN" and not k.startswith("without") and k not in variants
+        }
+        strongest = max(baselines, key=baselines.__getitem__) if baselines else ""
+        out.append(
+            {
+                "scenario": scenario,
+                "strongest_baseline": strongest,
+                "vs_strongest": basin / baselines[strongest]
+                if strongest and baselines[strongest]
+                else math.nan,
+                "vs_hicache": basin / group["HiCache alone"] if group.get("HiCache alone") else math.nan,
+            }
+        )
+    return out
+
+
+def plot_timeseries(summaries: dict[tuple[str, str], Summary], scenario: Scenario, out: str) -> None:
+    """Prefix hit rate and active sessions over time for each system in one scenario, surge shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.6), constrained_layout=True)
+    for (name, system), summary in summaries.items():
+        if name != scenario.name:
+            continue
+        minutes = [(w.start_s + w.end_s) / 120 for w in summary.windows]
+        axes[0].plot(minutes, [w.hit_rate for w in summary.windows], label=system)
+        axes[1].plot(minutes, [w.active_sessions + w.parked_sessions for w in summary.windows], label=system)
+    for ax, label in zip(axes, ("Prefix hit rate", "Active + parked sessions"), strict=True):
+        ax.axvspan(
+            scenario.surge_start_min,
+            scenario.surge_start_min + scenario.surge_minutes,
+            color="tab:red",
+            alpha=0.12,
+        )
+        ax.set_title(label, fontsize=10)
+        ax.set_xlabel("Time (min)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylim(0, 1.02)
+    axes[1].legend(fontsize=8)
+    fig.suptitle(scenario.name, fontsize=11)
     fig.savefig(out, dpi=120)
     plt.close(fig)

@@ -16,15 +16,17 @@ from basin.policy.base import (
     Telemetry,
 )
 from basin.policy.basin import Basin, BasinArrival, BasinConfig, DeploymentProfile
+from basin.policy.composition import Composition
 from basin.policy.concur import Concur
 from basin.policy.continuum import Continuum
 from basin.policy.hicache import Crossflow, HiCache
 from basin.policy.thunderagent import ThunderAgent
 
 POLICIES: dict[str, type[Policy]] = {
-    cls.name: cls for cls in (HiCache, Continuum, ThunderAgent, Concur, Crossflow, Basin, BasinArrival)
+    cls.name: cls
+    for cls in (HiCache, Continuum, ThunderAgent, Concur, Crossflow, Composition, Basin, BasinArrival)
 }
-NEEDS_PROFILE = ("continuum", "thunderagent", "basin", "basin-arrival")
+NEEDS_PROFILE = ("continuum", "thunderagent", "composition", "basin", "basin-arrival")
 NEEDS_PREDICTOR = ("basin", "basin-arrival")
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "BasinConfig",
     "CallDirectives",
     "CallInfo",
+    "Composition",
     "Concur",
     "Continuum",
     "ControlActions",
@@ -63,8 +66,11 @@ def make_policy(
         raise BasinError(f"policy {name!r} needs a deployment profile")
     if name == "continuum":
         return Continuum(profile.prefill_tokens_per_s, profile.prefill_gpu_tokens)
-    if name == "thunderagent":  # bounded by the larger cache tier
-        return ThunderAgent(max(profile.prefill_gpu_tokens, profile.host_tokens))
+    capacity = max(profile.prefill_gpu_tokens, profile.host_tokens)  # the larger cache tier
+    if name == "thunderagent":
+        return ThunderAgent(capacity)
+    if name == "composition":
+        return Composition(capacity, profile.prefill_tokens_per_s, profile.prefill_gpu_tokens)
     if predict is None:
         raise BasinError(f"policy {name!r} needs a peak-context predictor")
     return POLICIES[name](profile, predict, config)  # type: ignore[call-arg]
