@@ -1,4 +1,4 @@
-"""The composition of baselines: ThunderAgent's admission, Continuum's order and pins, Crossflow's borrowing."""
+"""The composition: ThunderAgent's admission, Continuum's order and pins, Crossflow's borrowing."""
 
 from basin.policy import Admission, CallInfo, Composition, SessionInfo
 
