@@ -62,6 +62,13 @@ def workload_options(default: str | None = None):  # type: ignore[no-untyped-def
     return decorate
 
 
+def _console():  # type: ignore[no-untyped-def]
+    """Rich console; wide when piped, so tables in logs and CI keep one line per row."""
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 160)
+
+
 def _writable(out: str) -> Path:
     """Check, before any long work, that an output file can be created where the user asked."""
     path = Path(out)
@@ -100,7 +107,6 @@ def workload_stats(
         click.echo(json.dumps({"workload": workload, "seed": seed, **stats, "published": published}))
         return
 
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"{workload} (seed {seed})" if workload in PUBLISHED else workload)
@@ -112,7 +118,7 @@ def workload_stats(
         paper = "" if target is None else _format_number(target)
         ratio = "" if target is None else f"{value / target:.3f}"
         table.add_row(key, shown, paper, ratio)
-    Console().print(table)
+    _console().print(table)
 
 
 def _format_number(value: float) -> str:
@@ -462,7 +468,6 @@ def analyze_command(
 
 
 def _analyze_grid(seed: int, as_json: bool) -> None:
-    from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
 
@@ -489,7 +494,7 @@ def _analyze_grid(seed: int, as_json: bool) -> None:
             p.simulated_first_limit,
             "" if p.degraded_at_per_min is None else f"{p.degraded_at_per_min:.1f}",
         )
-    Console().print(table)
+    _console().print(table)
     click.echo(
         f"simulator cache-first: {summary['simulated_cache_first']}, flagged by the model:"
         f" {summary['flagged_of_simulated_cache_first']}; agreement {summary['agreement']:.0%}"
@@ -516,7 +521,6 @@ def _analyze_grid(seed: int, as_json: bool) -> None:
 def evaluate_command(suite: str, seed: int, json_out: str | None, plot_out: str | None) -> None:
     """Run an evaluation suite: headline (the demo), main (paper §7.3: seven systems, six scenarios) or
     ablation (§7.8)."""
-    from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
 
@@ -568,7 +572,12 @@ def evaluate_command(suite: str, seed: int, json_out: str | None, plot_out: str 
             _format_number(r.p90_first_call_wait_s),
             r.label,
         )
-    Console().print(table)
+    _console().print(table)
+    for head in heads:
+        click.echo(
+            f"{head['scenario']}: BASIN {head['vs_strongest']:.2f}x the strongest baseline"
+            f" ({head['strongest_baseline']}), {head['vs_hicache']:.2f}x HiCache alone"
+        )
 
 
 @cli.command("profile")
@@ -710,7 +719,6 @@ def predictor_evaluate(
 
 
 def _print_summary(payload: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(
@@ -737,7 +745,7 @@ def _print_summary(payload: dict) -> None:
             "n/a" if value is None else (_format_number(value) if isinstance(value, float) else str(value))
         )
         table.add_row(name, shown)
-    Console().print(table)
+    _console().print(table)
 
 
 def main() -> None:
