@@ -109,6 +109,7 @@ def simulate_ramp(
     seed: int,
     workload: str = "terminal-bench",
     host_tier: float | None = None,
+    tool_time_scale: float = 1.0,
 ) -> list[RampSample]:
     """Run one stepped ramp in the simulator; each step is sampled over its second half (settled)."""
     from basin.policy import make_policy
@@ -118,7 +119,7 @@ def simulate_ramp(
 
     deployment = get_deployment(deployment_name, host_tier=host_tier)
     schedule = StepSchedule(tuple(rates), step_minutes)
-    pool = load_workload(workload, seed=seed)
+    pool = load_workload(workload, seed=seed, tool_time_scale=tool_time_scale)
     sim = Simulation(SimulationConfig(deployment, schedule, seed=seed), make_policy("hicache"), pool)
     result = sim.run()
     records = result.records
@@ -152,9 +153,12 @@ def profile_simulated(
     workload: str = "terminal-bench",
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
+    tool_time_scale: float = 1.0,
+    require_cliff: bool = True,
 ) -> Profile:
     """κ and λc of a deployment from `ramps` simulated ramps (seeds seed, seed+1, ...). The ramp spans
-    0.4x to 1.6x the fluid model's departure peak, so it crosses the cliff."""
+    0.4x to 1.6x the fluid model's departure peak, so it crosses the cliff where there is one; with
+    `require_cliff=False` a ramp that stays on the plateau (a decode-first deployment) gives κ = 1."""
     from basin.fluid import FluidModel, FluidParameters, analyze
     from basin.sim import get_deployment
     from basin.workload import load_workload
@@ -162,13 +166,21 @@ def profile_simulated(
     if ramps < 1 or steps < 3:
         raise BasinError("need at least 1 ramp of at least 3 steps")
     deployment = get_deployment(deployment_name, host_tier=host_tier)
-    model = FluidModel(FluidParameters.from_workload(deployment, load_workload(workload, seed=seed)))
+    pool = load_workload(workload, seed=seed, tool_time_scale=tool_time_scale)
+    model = FluidModel(FluidParameters.from_workload(deployment, pool))
     peak = analyze(model, 0.0).d_peak_per_min
     rates = list(np.linspace(0.4 * peak, 1.6 * peak, steps))
     kappas, lambda_cs, all_samples = [], [], []
     for ramp in range(ramps):
-        samples = simulate_ramp(deployment_name, rates, step_minutes, seed + ramp, workload, host_tier)
-        kappas.append(fit_kappa(samples))
+        samples = simulate_ramp(
+            deployment_name, rates, step_minutes, seed + ramp, workload, host_tier, tool_time_scale
+        )
+        try:
+            kappas.append(fit_kappa(samples))
+        except BasinError:
+            if require_cliff:
+                raise
+            kappas.append(1.0)
         lambda_cs.append(max(s.departures_per_min for s in samples))
         all_samples.append(samples)
         if progress is not None:

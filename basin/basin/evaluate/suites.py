@@ -2,7 +2,8 @@
 
 `headline`: the first `main` scenario with BASIN, Continuum and HiCache alone (the README's demo).
 `main` (paper §7.3, Fig. 14): H200 1P1D and 1P3D with a 2x host tier, a x5 surge for 20 minutes from half
-the critical rate, the same with tool time x3, and the same GPU-only, for all seven systems.
+the profiled critical rate, the same with tool time x3, and the same GPU-only, for all seven systems.
+Every system sees the same profile (κ, λc from simulated ramps); BASIN uses it.
 `ablation` (paper §7.8, Fig. 23): BASIN with one mechanism removed — the priority order, admission,
 lending — lending alone, and the arrival-time controller, against full BASIN, Continuum and HiCache
 alone, on cache-first 1P3D scenarios.
@@ -12,21 +13,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from basin.evaluate.summary import Summary
-
-if TYPE_CHECKING:
-    from basin.sim.deployments import Deployment
-    from basin.workload.model import Session
 
 
 @dataclass(frozen=True)
 class Scenario:
-    """`base_rate` in sessions/min; when None, `base_fraction` of the critical rate (the fluid model's
-    departure peak for this deployment and workload)."""
+    """`base_rate` in sessions/min; when None, `base_fraction` of the profiled critical rate λc (stepped
+    ramps in the simulator, as `basin profile --simulate`)."""
 
     name: str
     deployment: str
@@ -115,13 +111,26 @@ SUITES = {
 }
 
 
-def base_rate(scenario: Scenario, deployment: Deployment, pool: Sequence[Session]) -> float:
-    if scenario.base_rate is not None:
-        return scenario.base_rate
-    from basin.fluid import FluidModel, FluidParameters, analyze
+_PROFILES: dict[tuple[str, float, float, int], tuple[float, float]] = {}
+PROFILE_RAMPS = 2
 
-    peak = analyze(FluidModel(FluidParameters.from_workload(deployment, pool)), 0.0).d_peak_per_min
-    return scenario.base_fraction * peak
+
+def profile_for(scenario: Scenario, seed: int) -> tuple[float, float]:
+    """(κ, λc) of the scenario's deployment and workload from simulated ramps, computed once per run."""
+    key = (scenario.deployment, scenario.host_tier, scenario.tool_time_scale, seed)
+    if key not in _PROFILES:
+        from basin.profile import profile_simulated
+
+        profile = profile_simulated(
+            scenario.deployment,
+            ramps=PROFILE_RAMPS,
+            host_tier=scenario.host_tier,
+            seed=seed,
+            tool_time_scale=scenario.tool_time_scale,
+            require_cliff=False,
+        )
+        _PROFILES[key] = (profile.kappa, profile.lambda_c_per_min)
+    return _PROFILES[key]
 
 
 def run_scenario(scenario: Scenario, system: System, seed: int, workload: str = "terminal-bench") -> Summary:
@@ -132,14 +141,15 @@ def run_scenario(scenario: Scenario, system: System, seed: int, workload: str = 
 
     deployment = get_deployment(scenario.deployment, host_tier=scenario.host_tier)
     pool = load_workload(workload, seed=seed, tool_time_scale=scenario.tool_time_scale)
+    kappa, lambda_c = profile_for(scenario, seed)
     schedule = RateSchedule(
-        base_rate=base_rate(scenario, deployment, pool),
+        base_rate=scenario.base_fraction * lambda_c if scenario.base_rate is None else scenario.base_rate,
         duration_min=scenario.duration_min,
         surge_factor=scenario.surge_factor,
         surge_start_min=scenario.surge_start_min,
         surge_minutes=scenario.surge_minutes,
     )
-    policy = build_policy(system.policy, deployment, pool, seed)
+    policy = build_policy(system.policy, deployment, pool, seed, kappa=kappa, lambda_c_per_min=lambda_c)
     if system.config_changes:
         config = dataclasses.replace(BasinConfig(), **dict(system.config_changes))
         policy.config = config  # type: ignore[attr-defined]
