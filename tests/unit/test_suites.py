@@ -81,3 +81,33 @@ def test_main_suite_has_six_scenarios_and_seven_systems() -> None:
         "hicache",
     }
     assert all(s.base_rate is None and s.base_fraction == 0.5 for s in scenarios)
+
+
+def test_sweep_steady_and_post_surge_suites_follow_the_paper() -> None:
+    sweep, _ = suites.SUITES["surge-sweep"]
+    assert [s.surge_factor for s in sweep] == [3.0, 4.0, 5.0, 6.0]
+    assert all(s.surge_minutes == 20 and s.base_fraction == 0.55 for s in sweep)
+    steady, _ = suites.SUITES["steady"]
+    assert all(s.surge_minutes == 0 for s in steady)
+    assert [s.base_fraction for s in steady] == [0.6, 0.8, 1.0, 1.2]
+    post, _ = suites.SUITES["post-surge"]
+    assert [s.post_surge_fraction for s in post] == [0.1, 0.3, 0.5]
+    assert all(s.host_tier == 0 and s.surge_factor == 4.0 and s.surge_minutes == 10 for s in post)
+
+
+def test_post_surge_rate_reaches_the_schedule(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = {}
+
+    class Spy:
+        def __init__(self, config, policy, pool):  # noqa: ANN001
+            seen["schedule"] = config.schedule
+
+        def run(self):  # noqa: ANN202
+            raise StopIteration
+
+    monkeypatch.setattr("basin.sim.Simulation", Spy)
+    monkeypatch.setattr(suites, "profile_for", lambda scenario, seed: (1.0, 10.0))
+    scenario = suites.Scenario("x", "h100-1p1d", 0.0, None, 4.0, 10.0, post_surge_fraction=0.3)
+    with pytest.raises(StopIteration):
+        suites.run_scenario(scenario, suites.System("HiCache alone", "hicache"), 0)
+    assert seen["schedule"].base_rate == 5.0 and seen["schedule"].post_surge_rate == 3.0

@@ -4,6 +4,10 @@
 `main` (paper §7.3, Fig. 14): H200 1P1D and 1P3D with a 2x host tier, a x5 surge for 20 minutes from half
 the profiled critical rate, the same with tool time x3, and the same GPU-only, for all seven systems.
 Every system sees the same profile (κ, λc from simulated ramps); BASIN uses it.
+`surge-sweep` (§7.4, Fig. 16): 1P3D with a 2x host tier, x3 to x6 surges for 20 minutes from 0.55 of λc.
+`steady` (Fig. 17): 1P3D, no surge, offered load 0.6 to 1.2 of λc.
+`post-surge` (§5.2, Fig. 22): GPU-only 1P3D, a +300 % surge for 10 minutes from 0.5 of λc, then arrivals at
+0.1, 0.3 or 0.5 of λc.
 `ablation` (paper §7.8, Fig. 23): BASIN with one mechanism removed — the priority order, admission,
 lending — lending alone, and the arrival-time controller, against full BASIN, Continuum and HiCache
 alone, on cache-first 1P3D scenarios.
@@ -34,6 +38,7 @@ class Scenario:
     duration_min: float = 120.0
     tool_time_scale: float = 1.0
     base_fraction: float = 0.5
+    post_surge_fraction: float | None = None  # arrivals after the surge, as a share of λc (None: base)
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,26 @@ MAIN_SYSTEMS = (
     System("Composition", "composition"),
     System("HiCache alone", "hicache"),
 )
+SURGE_SWEEP_SCENARIOS = tuple(
+    Scenario(f"1P3D x{factor} surge 20 min", "h200-1p3d", 2.0, None, float(factor), 20.0, base_fraction=0.55)
+    for factor in (3, 4, 5, 6)
+)
+STEADY_SCENARIOS = tuple(
+    Scenario(f"1P3D steady {load:.1f} of λc", "h200-1p3d", 2.0, None, 1.0, 0.0, base_fraction=load)
+    for load in (0.6, 0.8, 1.0, 1.2)
+)
+POST_SURGE_SCENARIOS = tuple(
+    Scenario(
+        f"1P3D GPU-only, +300 % surge, then {after:.1f} of λc",
+        "h200-1p3d",
+        0.0,
+        None,
+        4.0,
+        10.0,
+        post_surge_fraction=after,
+    )
+    for after in (0.1, 0.3, 0.5)
+)
 HEADLINE_SCENARIOS = MAIN_SCENARIOS[:1]
 HEADLINE_SYSTEMS = (
     System("BASIN", "basin"),
@@ -107,6 +132,9 @@ HEADLINE_SYSTEMS = (
 SUITES = {
     "headline": (HEADLINE_SCENARIOS, HEADLINE_SYSTEMS),
     "main": (MAIN_SCENARIOS, MAIN_SYSTEMS),
+    "surge-sweep": (SURGE_SWEEP_SCENARIOS, MAIN_SYSTEMS),
+    "steady": (STEADY_SCENARIOS, MAIN_SYSTEMS),
+    "post-surge": (POST_SURGE_SCENARIOS, MAIN_SYSTEMS),
     "ablation": (ABLATION_SCENARIOS, ABLATION_SYSTEMS),
 }
 
@@ -148,6 +176,9 @@ def run_scenario(scenario: Scenario, system: System, seed: int, workload: str = 
         surge_factor=scenario.surge_factor,
         surge_start_min=scenario.surge_start_min,
         surge_minutes=scenario.surge_minutes,
+        post_surge_rate=None
+        if scenario.post_surge_fraction is None
+        else scenario.post_surge_fraction * lambda_c,
     )
     policy = build_policy(system.policy, deployment, pool, seed, kappa=kappa, lambda_c_per_min=lambda_c)
     if system.config_changes:
