@@ -99,10 +99,10 @@ def test_post_surge_rate_reaches_the_schedule(monkeypatch: pytest.MonkeyPatch) -
     seen = {}
 
     class Spy:
-        def __init__(self, config, policy, pool):  # noqa: ANN001
+        def __init__(self, config, policy, pool):
             seen["schedule"] = config.schedule
 
-        def run(self):  # noqa: ANN202
+        def run(self):
             raise StopIteration
 
     monkeypatch.setattr("basin.sim.Simulation", Spy)
