@@ -7,6 +7,7 @@ User errors (BasinError) print one line and exit with status 2; they never show 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -576,9 +577,11 @@ def evaluate_command(suite: str, seed: int, json_out: str | None, plot_out: str 
         )
     _console().print(table)
     for head in heads:
+        hicache = head["vs_hicache"]
+        versus = "HiCache alone completed none" if math.isnan(hicache) else f"{hicache:.2f}x HiCache alone"
         click.echo(
             f"{head['scenario']}: BASIN {head['vs_strongest']:.2f}x the strongest baseline"
-            f" ({head['strongest_baseline']}), {head['vs_hicache']:.2f}x HiCache alone"
+            f" ({head['strongest_baseline']}), {versus}"
         )
 
 
