@@ -504,7 +504,8 @@ def _analyze_grid(seed: int, as_json: bool) -> None:
 
 @cli.command("evaluate")
 @click.argument(
-    "suite", type=click.Choice(["headline", "main", "surge-sweep", "steady", "post-surge", "ablation"])
+    "suite",
+    type=click.Choice(["headline", "main", "surge-sweep", "steady", "post-surge", "late", "ablation"]),
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the workload and the runs.")
 @click.option(
@@ -523,7 +524,7 @@ def _analyze_grid(seed: int, as_json: bool) -> None:
 )
 def evaluate_command(suite: str, seed: int, json_out: str | None, plot_out: str | None) -> None:
     """Run an evaluation suite: headline (the demo), main (paper §7.3: seven systems, six scenarios),
-    surge-sweep, steady, post-surge, or ablation (§7.8)."""
+    surge-sweep, steady, post-surge, late, or ablation (§7.8)."""
     from rich.progress import Progress
     from rich.table import Table
 

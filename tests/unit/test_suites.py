@@ -111,3 +111,9 @@ def test_post_surge_rate_reaches_the_schedule(monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(StopIteration):
         suites.run_scenario(scenario, suites.System("HiCache alone", "hicache"), 0)
     assert seen["schedule"].base_rate == 5.0 and seen["schedule"].post_surge_rate == 3.0
+
+
+def test_late_suite_switches_systems_on_at_minute_45() -> None:
+    (scenario,), systems = suites.SUITES["late"]
+    assert scenario.activate_min == 45.0 and scenario.surge_factor == 5.0
+    assert len(systems) == 7

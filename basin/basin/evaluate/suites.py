@@ -8,6 +8,8 @@ Every system sees the same profile (κ, λc from simulated ramps); BASIN uses it
 `steady` (Fig. 17): 1P3D, no surge, offered load 0.6 to 1.2 of λc.
 `post-surge` (§5.2, Fig. 22): GPU-only 1P3D, a +300 % surge for 10 minutes from 0.5 of λc, then arrivals at
 0.1, 0.3 or 0.5 of λc.
+`late` (§7.8, Fig. 21b): the x5 surge on 1P3D with every system switched on at minute 45, after HiCache
+alone is trapped (Crossflow's borrowing is an engine mode and runs from the start).
 `ablation` (paper §7.8, Fig. 23): BASIN with one mechanism removed — the priority order, admission,
 lending — lending alone, and the arrival-time controller, against full BASIN, Continuum and HiCache
 alone, on cache-first 1P3D scenarios.
@@ -39,6 +41,7 @@ class Scenario:
     tool_time_scale: float = 1.0
     base_fraction: float = 0.5
     post_surge_fraction: float | None = None  # arrivals after the surge, as a share of λc (None: base)
+    activate_min: float | None = None  # systems run as HiCache alone until this minute ("late")
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,9 @@ POST_SURGE_SCENARIOS = tuple(
     )
     for after in (0.1, 0.3, 0.5)
 )
+LATE_SCENARIOS = (
+    Scenario("1P3D x5 surge, systems on at minute 45", "h200-1p3d", 2.0, None, 5.0, 20.0, activate_min=45.0),
+)
 HEADLINE_SCENARIOS = MAIN_SCENARIOS[:1]
 HEADLINE_SYSTEMS = (
     System("BASIN", "basin"),
@@ -135,6 +141,7 @@ SUITES = {
     "surge-sweep": (SURGE_SWEEP_SCENARIOS, MAIN_SYSTEMS),
     "steady": (STEADY_SCENARIOS, MAIN_SYSTEMS),
     "post-surge": (POST_SURGE_SCENARIOS, MAIN_SYSTEMS),
+    "late": (LATE_SCENARIOS, MAIN_SYSTEMS),
     "ablation": (ABLATION_SCENARIOS, ABLATION_SYSTEMS),
 }
 
@@ -184,6 +191,10 @@ def run_scenario(scenario: Scenario, system: System, seed: int, workload: str = 
     if system.config_changes:
         config = dataclasses.replace(BasinConfig(), **dict(system.config_changes))
         policy.config = config  # type: ignore[attr-defined]
+    if scenario.activate_min is not None:
+        from basin.policy.late import LateStart
+
+        policy = LateStart(policy, scenario.activate_min * 60)
     return Simulation(SimulationConfig(deployment, schedule, seed=seed), policy, pool).run().summary
 
 
