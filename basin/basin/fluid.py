@@ -18,30 +18,13 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from basin.errors import BasinError
+from basin.hitcurve import KNEE, reference_hit_rate
 from basin.sim.costs import decode_step_seconds, prefill_seconds, unloaded_call_times
 from basin.sim.deployments import Deployment
 from basin.workload.model import Session
 
-# The reference hit-rate curve against W/C (paper §3, Fig. 6b): ~0.95 on the healthy plateau, easing to
-# ~0.80 at the knee x_k ≈ 1.9, then a cliff to a low-reuse floor of ~0.3.
-HIT_PLATEAU = 0.95
-HIT_AT_KNEE = 0.80
-HIT_FLOOR = 0.30
-KNEE = 1.9  # where the cliff begins
-CLIFF_CENTER = 2.05  # the cliff is half done at ~2x the cache ...
-CLIFF_WIDTH = 0.05  # ... and complete by ~2.3x
 SMOOTH_MIN_POWER = 8.0
 CACHE_FIRST_TOLERANCE = 0.01  # §5: a 1 % tolerance at the crossover
-
-
-def reference_hit_rate(x: np.ndarray | float, kappa: float = 1.0) -> np.ndarray:
-    """h(W/C) of the reference curve, stretched by the cliff scale κ (the knee moves to κ x_k)."""
-    x = np.asarray(x, dtype=float) / kappa
-    plateau = HIT_PLATEAU - (HIT_PLATEAU - HIT_AT_KNEE) * np.clip(x / KNEE, 0.0, 1.0) ** 2
-    # Numerically safe logistic for the cliff.
-    z = np.clip((x - CLIFF_CENTER) / CLIFF_WIDTH, -60, 60)
-    weight = 1.0 / (1.0 + np.exp(z))
-    return HIT_FLOOR + (plateau - HIT_FLOOR) * weight
 
 
 @dataclass(frozen=True)

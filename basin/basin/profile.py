@@ -2,7 +2,7 @@
 
 A stepped load ramp raises arrivals step by step; at each step the active population settles and we
 record the working set over cache (x = W/C) and the hit rate. κ aligns the reference hit-rate curve
-(`basin.fluid.reference_hit_rate`, knee x_k ≈ 1.9) with the observed transition from the healthy plateau
+(`basin.hitcurve.reference_hit_rate`, knee x_k ≈ 1.9) with the observed transition from the healthy plateau
 to the low-reuse floor: we normalize the observed hit rates between plateau and floor, find where they
 cross halfway, and scale the reference curve's halfway point onto it. BASIN takes the lower quartile of κ
 over repeated ramps. `fit_kappa` takes plain samples, so the live profiler reuses it unchanged.
@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from basin.errors import BasinError
-from basin.fluid import HIT_AT_KNEE, HIT_FLOOR, reference_hit_rate
+from basin.hitcurve import HIT_AT_KNEE, HIT_FLOOR, reference_hit_rate
 
 # Where the reference curve is halfway between its value at the knee and its floor.
 _REFERENCE_X = np.linspace(0.0, 6.0, 60001)

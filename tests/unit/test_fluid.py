@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from basin.errors import BasinError
-from basin.fluid import KNEE, FluidModel, FluidParameters, analyze, reference_hit_rate
+from basin.fluid import FluidModel, FluidParameters, analyze
+from basin.hitcurve import KNEE, reference_hit_rate
 from basin.sim import get_deployment
 from basin.workload import load_workload
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from basin.errors import BasinError
-from basin.fluid import reference_hit_rate
+from basin.hitcurve import reference_hit_rate
 from basin.profile import RampSample, fit_kappa, profile_simulated
 
 

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from basin.errors import BasinError
+from basin.hitcurve import KNEE
 from basin.policy.base import (
     Admission,
     CallDirectives,
@@ -38,8 +39,6 @@ from basin.policy.base import (
     SessionInfo,
     Telemetry,
 )
-
-KNEE = 1.9  # x_k, the reference hit-curve knee (shared with basin.fluid)
 
 
 @dataclass(frozen=True)

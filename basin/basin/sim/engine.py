@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from basin.sim.costs import (
@@ -625,7 +625,6 @@ class EngineCounters:
     transfers: int = 0
     unit_fetches: int = 0
     borrowed_prefills: int = 0
-    by_router: dict[str, int] = field(default_factory=dict)
 
 
 class PDEngine:

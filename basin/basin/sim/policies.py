@@ -16,7 +16,6 @@ import numpy as np
 
 from basin.errors import BasinError
 from basin.policy import NEEDS_PREDICTOR, NEEDS_PROFILE, DeploymentProfile, Policy, SessionInfo, make_policy
-from basin.sim.costs import prefill_seconds
 from basin.sim.deployments import Deployment
 from basin.workload.model import Session
 
@@ -52,21 +51,18 @@ def default_profile(
     kappa: float | None = None,
     lambda_c_per_min: float | None = None,
 ) -> DeploymentProfile:
-    if lambda_c_per_min is None:
-        from basin.fluid import FluidModel, FluidParameters, analyze
+    from basin.fluid import FluidModel, FluidParameters, analyze
 
-        model = FluidModel(FluidParameters.from_workload(deployment, pool, kappa or 1.0))
-        lambda_c_per_min = analyze(model, 0.0).d_peak_per_min
-    per_token = prefill_seconds(
-        deployment.gpu, 1, int(np.mean([c.prompt_tokens for s in pool for c in s.calls]) / 2)
-    )
+    params = FluidParameters.from_workload(deployment, pool, kappa or 1.0)
+    if lambda_c_per_min is None:
+        lambda_c_per_min = analyze(FluidModel(params), 0.0).d_peak_per_min
     return DeploymentProfile(
         kappa=1.0 if kappa is None else kappa,
         lambda_c_per_min=lambda_c_per_min,
         prefill_gpu_tokens=deployment.prefill_cache_tokens,
         host_tokens=deployment.host_cache_tokens,
         decode_kv_tokens=deployment.decode_kv_tokens,
-        prefill_tokens_per_s=deployment.prefill_instances / per_token,
+        prefill_tokens_per_s=params.prefill_tokens_per_s,
     )
 
 

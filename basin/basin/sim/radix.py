@@ -199,20 +199,12 @@ class RadixCache:
 
         The caller allocates the pages first (they arrive as in-flight pages and become tree pages).
         """
-        path = []
-        node = match.node
-        while node is not self.root and not node.gpu:
-            path.append(node)
-            node = node.parent  # type: ignore[assignment]
+        path = self._host_only_path(match.node)
         loaded = sum(len(p) for p in path)
         if loaded > self.in_flight:
             raise ValueError("load_back needs its pages allocated first")
         self.in_flight -= loaded
-        for p in path:
-            p.gpu = True
-            self.gpu_used += len(p)
-            if p.lock:
-                self.locked_gpu += len(p)
+        self._promote(path, loaded)
         if path and not _has_gpu_child(match.node):
             self._push_gpu(match.node)
         return loaded
@@ -230,7 +222,7 @@ class RadixCache:
             moved = min(match.host_pages, in_flight_pages)
             self.in_flight -= moved
             in_flight_pages -= moved
-            self._promote_path(match.node, moved)
+            self.in_flight += self._promote(self._host_only_path(match.node), moved)
         remaining = len(keys) - match.pages
         used = min(remaining, in_flight_pages)
         self.in_flight -= in_flight_pages  # leftovers were duplicates: free them
@@ -250,12 +242,18 @@ class RadixCache:
         self._push_gpu(leaf)
         return leaf
 
-    def _promote_path(self, node: Node, pages: int) -> None:
+    def _host_only_path(self, node: Node) -> list[Node]:
+        """`node` and its ancestors up to the first GPU-resident one, bottom-up."""
         path = []
         while node is not self.root and not node.gpu:
             path.append(node)
             node = node.parent  # type: ignore[assignment]
-        for p in reversed(path):  # top-down: GPU nodes stay closed under ancestors
+        return path
+
+    def _promote(self, path: list[Node], pages: int) -> int:
+        """Make host-only nodes GPU-resident top-down while `pages` covers them whole (GPU nodes stay
+        closed under ancestors); returns the pages left over."""
+        for p in reversed(path):
             if pages < len(p):
                 break
             p.gpu = True
@@ -263,7 +261,7 @@ class RadixCache:
             if p.lock:
                 self.locked_gpu += len(p)
             pages -= len(p)
-        self.in_flight += pages  # pages that did not cover a whole node stay in flight
+        return pages
 
     def _make_host_room(self, pages: int) -> bool:
         if pages > self.host_capacity:
