@@ -9,11 +9,11 @@ import pytest
 
 from basin.workload import PUBLISHED
 
+BASIN = str(Path(sys.executable).with_name("basin"))  # the installed console script, as users run it
+
 
 def basin(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "basin", *args], capture_output=True, text=True, timeout=120, check=False
-    )
+    return subprocess.run([BASIN, *args], capture_output=True, text=True, timeout=120, check=False)
 
 
 def test_stats_json_meets_published_targets() -> None:
