@@ -350,6 +350,99 @@ def simulate(
         _print_summary(payload)
 
 
+@cli.command("emulate")
+@click.option(
+    "--deployment",
+    default="h200-1p3d",
+    show_default=True,
+    metavar="PRESET",
+    help="h100-1p1d, h200-1p1d, h200-1p2d, h200-1p3d or h200-2p6d.",
+)
+@click.option(
+    "--host-tier",
+    type=float,
+    default=None,
+    help="Host tier as a multiple of the GPU prefix cache (0: GPU-only). Default: the preset's.",
+)
+@click.option(
+    "--allocation-policy",
+    "allocation",
+    default=None,
+    metavar="early|prefill_complete",
+    help="When decode reserves KV: before prefill (SGLang's default) or at prefill completion.",
+)
+@click.option("--router", default=None, metavar="cache_aware|affinity|least_loaded", help="Prefill routing.")
+@click.option(
+    "--lending",
+    is_flag=True,
+    help="Keep prompts of requests marked X-Basin-Lend: 1 in idle decode memory (BASIN's lending).",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=int, default=30000, show_default=True, help="Port (0: any free port).")
+@click.option(
+    "--time-scale",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Model seconds per wall second (10: the deployment runs ten times faster than real time).",
+)
+@click.option("--model-name", default="basin-emulated", show_default=True, help="The served model name.")
+@click.option(
+    "--context-length", type=int, default=262_144, show_default=True, help="Longest prompt plus output."
+)
+def emulate(
+    deployment: str,
+    host_tier: float | None,
+    allocation: str | None,
+    router: str | None,
+    lending: bool,
+    host: str,
+    port: int,
+    time_scale: float,
+    model_name: str,
+    context_length: int,
+) -> None:
+    """Serve SGLang's HTTP API and metrics from the calibrated engine model (no GPU, no model)."""
+    import asyncio
+    import logging
+
+    from basin.sim import get_deployment
+
+    try:
+        from basin_emulator.server import EmulatorSettings, serve
+    except ImportError as error:
+        raise BasinError(f"the emulator needs: pip install 'basin[emulator]' ({error})") from None
+    preset = get_deployment(deployment, host_tier=host_tier, allocation=allocation, router=router)
+    if time_scale <= 0:
+        raise BasinError(f"--time-scale must be positive, got {time_scale}")
+    if context_length < 1:
+        raise BasinError(f"--context-length must be positive, got {context_length}")
+    if not 0 <= port < 65536:
+        raise BasinError(f"--port must be between 0 and 65535, got {port}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    settings = EmulatorSettings(preset, time_scale, lending, model_name, context_length)
+
+    def ready(bound: int) -> None:
+        logging.getLogger("basin.emulator").info(
+            "EMULATOR (no GPU, no model): SGLang-compatible %s (%dP%dD, host tier %gx, %s allocation%s) "
+            "at http://%s:%d, time x%g",
+            preset.name,
+            preset.prefill_instances,
+            preset.decode_instances,
+            preset.host_tier,
+            preset.allocation,
+            ", lending" if lending else "",
+            host,
+            bound,
+            time_scale,
+        )
+
+    try:
+        asyncio.run(serve(settings, host, port, ready))
+    except KeyboardInterrupt:
+        logging.getLogger("basin.emulator").info("stopped")
+
+
 @cli.command("analyze")
 @click.option(
     "--deployment", default="h200-1p3d", show_default=True, metavar="PRESET", help="Deployment preset."

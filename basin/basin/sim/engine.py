@@ -436,6 +436,16 @@ class DecodeInstance:
     def context_tokens(self) -> float:
         return self.sum_prompt + len(self.members) * self.v - self.sum_join_v
 
+    def generated(self, request: Request, now: float) -> int:
+        """Output tokens `request` has produced by `now` (the emulator streams them as they come)."""
+        if request.state == "done":
+            return request.output_tokens
+        tokens = request.generated_before_retract
+        if request.rid in self.members:
+            v = self.v + (now - self.updated) / self.step_s
+            tokens += max(0, int(v - request.join_v + 1e-9))
+        return min(tokens, request.output_tokens)
+
     def _reschedule(self) -> None:
         if self.timer is not None:
             self.timer.cancel()

@@ -1,0 +1,259 @@
+"""The simulator's engine model run against the wall clock: the emulator's core.
+
+`LiveEngine` owns one `Environment` and one `PDEngine` (the very code `basin simulate` runs) and a clock
+task that advances the model to `(wall time since start) × time_scale`, sleeping until the next model
+event or the next submission. Each HTTP request becomes a `LiveCall`: an engine `Request` whose page
+keys hash the prompt's actual tokens, plus the events its handler waits on. Per-instance counters
+(prompt, cached and computed tokens) feed `/metrics` and `/v1/loads` through `snapshot`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from basin import tokens
+from basin.sim.deployments import PAGE_TOKENS, Deployment
+from basin.sim.engine import PDEngine, Request
+from basin.sim.env import Environment
+
+HIT_RATE_WINDOW = 64  # prefills the per-instance recent hit rate averages over
+
+
+@dataclass(eq=False)
+class LiveCall:
+    """One request in flight: what the handler sent and the events it waits on."""
+
+    rid: str
+    prompt_ids: list[int]
+    max_new_tokens: int
+    request: Request
+    output_ids: list[int]
+    first_token: asyncio.Event = field(default_factory=asyncio.Event)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    submitted_model_s: float = 0.0
+    aborted: bool = False
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.request.cached_tokens
+
+
+@dataclass
+class InstanceCounters:
+    """Cumulative counters of one engine instance, named after SGLang's."""
+
+    prompt_tokens: int = 0
+    cached_device_tokens: int = 0
+    cached_host_tokens: int = 0
+    fetched_tokens: int = 0  # prefix taken from a lent unit on decode (BASIN)
+    computed_tokens: int = 0  # prefill_effective_tokens_total{mode="input"}
+    generation_tokens: int = 0
+    requests: int = 0
+    aborted: int = 0
+    recent: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=HIT_RATE_WINDOW))
+
+    def recent_hit_rate(self) -> float:
+        prompt = sum(p for p, _ in self.recent)
+        return sum(c for _, c in self.recent) / prompt if prompt else 0.0
+
+
+class LiveEngine:
+    """The deployment model driven in real time (× `time_scale`)."""
+
+    def __init__(self, deployment: Deployment, time_scale: float = 1.0, lending: bool = False) -> None:
+        if time_scale <= 0:
+            raise ValueError("time scale must be positive")
+        self.deployment = deployment
+        self.time_scale = time_scale
+        self.lending = lending
+        self.env = Environment()
+        self.engine = PDEngine(self.env, deployment, self)
+        self.calls: dict[str, LiveCall] = {}
+        self.prefill_counters = [InstanceCounters() for _ in self.engine.prefills]
+        self.decode_counters = [InstanceCounters() for _ in self.engine.decodes]
+        self._rids = itertools.count(1)
+        self._started = time.monotonic()
+        self._wake: asyncio.Event | None = None
+
+    # ------------------------------------------------------------------ clock
+    def model_now(self) -> float:
+        return (time.monotonic() - self._started) * self.time_scale
+
+    def catch_up(self) -> None:
+        """Process every model event due by now."""
+        self.env.run(self.model_now())
+
+    async def run_clock(self) -> None:
+        """Advance the model forever: wake at the next event or when a request arrives."""
+        self._wake = asyncio.Event()
+        while True:
+            self.catch_up()
+            next_event = self.env.peek()
+            timeout = (
+                None if next_event is None else max(0.0, (next_event - self.model_now()) / self.time_scale)
+            )
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+
+    def _poke(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    # ------------------------------------------------------------------ requests
+    def submit(
+        self,
+        rid: str,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        session_id: str | None,
+        priority: float | None,
+        lend: bool,
+    ) -> LiveCall:
+        """Start a request now; its page keys come from the prompt's tokens."""
+        self.catch_up()
+        keys = tokens.page_keys(prompt_ids, PAGE_TOKENS)
+        request = Request(
+            next(self._rids),
+            None,
+            session_id or rid,
+            len(prompt_ids),
+            max_new_tokens,
+            keys,
+            priority=priority,
+            lend=lend and self.lending,
+        )
+        seed = hash((keys[-1] if keys else 0, tuple(prompt_ids[len(keys) * PAGE_TOKENS :])))
+        call = LiveCall(rid, prompt_ids, max_new_tokens, request, tokens.output_ids(seed, max_new_tokens))
+        call.submitted_model_s = self.env.now
+        request.owner = call
+        self.calls[rid] = call
+        self.engine.submit(request)
+        self._poke()
+        return call
+
+    def abort(self, rid: str) -> bool:
+        """Abort a request wherever it is; False when no such request is in flight."""
+        call = self.calls.pop(rid, None)
+        if call is None:
+            return False
+        self.catch_up()
+        if call.request.state not in ("done", "aborted"):
+            self.engine.abort(call.request)
+            if call.request.decode is not None:
+                self.decode_counters[call.request.decode.index].aborted += 1
+        call.aborted = True
+        call.first_token.set()
+        call.done.set()
+        self._poke()
+        return True
+
+    def finish(self, call: LiveCall) -> None:
+        """The handler is done with `call`."""
+        self.calls.pop(call.rid, None)
+
+    def generated(self, call: LiveCall) -> int:
+        request = call.request
+        if request.state == "done":
+            return request.output_tokens
+        if request.decode is None:
+            return 0
+        return request.decode.generated(request, self.model_now())
+
+    def flush_cache(self) -> int:
+        """Drop every cached page no request holds (SGLang's /flush_cache); returns pages dropped."""
+        dropped = 0
+        for prefill in self.engine.prefills:
+            dropped += prefill.cache.evict_gpu(prefill.cache.gpu_capacity)
+            dropped += prefill.cache.evict_host(prefill.cache.host_capacity)
+        for decode in self.engine.decodes:
+            decode.reclaim(decode.lent)
+        return dropped
+
+    # ------------------------------------------------------------------ engine observer
+    def on_prefill_start(self, request: Request, now: float) -> None:
+        assert request.prefill is not None
+        counters = self.prefill_counters[request.prefill.index]
+        counters.prompt_tokens += request.prompt_tokens
+        counters.cached_device_tokens += request.cached_gpu_tokens
+        counters.cached_host_tokens += request.cached_host_tokens
+        counters.fetched_tokens += request.fetched_tokens
+        counters.recent.append((request.prompt_tokens, request.cached_tokens))
+
+    def on_prefill_done(self, request: Request, now: float, uncached_tokens: int) -> None:
+        assert request.prefill is not None
+        self.prefill_counters[request.prefill.index].computed_tokens += uncached_tokens
+        self.prefill_counters[request.prefill.index].requests += 1
+
+    def on_first_token(self, request: Request, now: float) -> None:
+        # The engine reports the first token one decode step ahead; release it at that model time.
+        self.env.schedule_at(now, request.owner.first_token.set)
+
+    def on_request_done(self, request: Request, now: float) -> None:
+        assert request.decode is not None
+        counters = self.decode_counters[request.decode.index]
+        counters.generation_tokens += request.output_tokens
+        counters.requests += 1
+        request.owner.first_token.set()
+        request.owner.done.set()
+
+    # ------------------------------------------------------------------ telemetry
+    def snapshot(self) -> list[dict[str, float | int | str]]:
+        """One record per engine instance, SGLang's load fields plus the queues of PD serving."""
+        self.catch_up()
+        engine = self.engine
+        bootstrap = [0] * len(engine.prefills)
+        transfer = [0] * len(engine.decodes)
+        for request in engine.requests.values():
+            if request.state == "decode_wait" and request.prefill_done_at is None and request.prefill:
+                bootstrap[request.prefill.index] += 1
+            if request.reserved_tokens and request.state != "decode" and request.decode is not None:
+                transfer[request.decode.index] += 1
+        records: list[dict[str, float | int | str]] = []
+        for prefill, counters in zip(engine.prefills, self.prefill_counters, strict=True):
+            cache = prefill.cache
+            used = cache.gpu_capacity - cache.gpu_free - cache.gpu_evictable
+            records.append(
+                {
+                    "engine_type": "prefill",
+                    "dp_rank": prefill.index,
+                    "num_running_reqs": len(prefill.running),
+                    "num_waiting_reqs": len(prefill.waiting) + bootstrap[prefill.index],
+                    "num_queue_reqs": len(prefill.waiting),
+                    "num_prefill_bootstrap_queue_reqs": bootstrap[prefill.index],
+                    "num_waiting_uncached_tokens": prefill.backlog_tokens,
+                    "num_used_tokens": used * PAGE_TOKENS,
+                    "max_total_num_tokens": cache.gpu_capacity * PAGE_TOKENS,
+                    "kv_available_tokens": (cache.gpu_free + cache.gpu_evictable) * PAGE_TOKENS,
+                    "token_usage": used / cache.gpu_capacity,
+                    "cache_hit_rate": counters.recent_hit_rate(),
+                    "hicache_host_used_tokens": cache.host_used * PAGE_TOKENS,
+                    "hicache_host_total_tokens": cache.host_capacity * PAGE_TOKENS,
+                }
+            )
+        for decode in engine.decodes:
+            records.append(
+                {
+                    "engine_type": "decode",
+                    "dp_rank": decode.index,
+                    "num_running_reqs": len(decode.members),
+                    "num_waiting_reqs": len(decode.prealloc) + transfer[decode.index],
+                    "num_queue_reqs": len(decode.prealloc) + transfer[decode.index],
+                    "num_decode_prealloc_queue_reqs": len(decode.prealloc),
+                    "num_decode_transfer_queue_reqs": transfer[decode.index],
+                    "num_waiting_uncached_tokens": 0,
+                    "num_used_tokens": decode.used,
+                    "max_total_num_tokens": decode.capacity,
+                    "kv_available_tokens": decode.capacity - decode.used - decode.lent,
+                    "token_usage": decode.used / decode.capacity,
+                    "cache_hit_rate": 0.0,
+                    "lent_tokens": decode.lent,
+                    "lent_units": len(decode.units),
+                }
+            )
+        return records

@@ -1,0 +1,520 @@
+"""The HTTP face of the emulator: SGLang's native and OpenAI-compatible routes on an aiohttp app.
+
+A client sees one SGLang PD deployment behind its router. Bad input gets SGLang's answers (400 with a
+JSON error body; unknown routes 404), requests honor `priority` (lower values first, as SGLang with
+`--enable-priority-scheduling --schedule-low-priority-values-first`), and a client that disconnects
+aborts its request so the model frees its memory, as SGLang does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from basin import __version__, tokens
+from basin.sim.deployments import PAGE_TOKENS, Deployment
+from basin_emulator.engine import LiveCall, LiveEngine
+from basin_emulator.metrics import EngineCollector
+
+log = logging.getLogger("basin.emulator")
+
+SESSION_HEADER = "X-Session-ID"
+LEND_HEADER = "X-Basin-Lend"  # the gateway's mark: keep this call's prompt on decode as a lent unit
+STREAM_TICK_S = 0.02  # wall seconds between streamed chunks
+DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default for /generate
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+@dataclass(frozen=True)
+class EmulatorSettings:
+    deployment: Deployment
+    time_scale: float = 1.0
+    lending: bool = False
+    model_name: str = "basin-emulated"
+    context_length: int = 262_144
+
+
+ENGINE_KEY = web.AppKey("engine", LiveEngine)
+SETTINGS_KEY = web.AppKey("settings", EmulatorSettings)
+REGISTRY_KEY = web.AppKey("registry", CollectorRegistry)
+
+
+class BadRequest(Exception):
+    """Input SGLang would reject with 400."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """A parsed generation request, whatever route it came from."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int
+    stream: bool
+    rid: str
+    priority: float | None
+    session_id: str | None
+    lend: bool
+
+
+# ---------------------------------------------------------------------------- parsing
+async def _body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise BadRequest(f"invalid JSON body: {error}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
+
+
+def _int(value: Any, name: str, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise BadRequest(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+def _token_ids(value: Any, name: str) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise BadRequest(f"{name} must be a list of token ids (one request; batches are not supported)")
+    if any(v < 0 for v in value):
+        raise BadRequest(f"{name} holds a negative token id")
+    return value
+
+
+def _priority(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise BadRequest(f"priority must be a number, got {value!r}")
+    return float(value)
+
+
+def _job(request: web.Request, body: dict[str, Any], prompt_ids: list[int], max_new_tokens: int) -> Job:
+    settings: EmulatorSettings = request.app[SETTINGS_KEY]
+    if not prompt_ids:
+        raise BadRequest("the prompt is empty")
+    total = len(prompt_ids) + max_new_tokens
+    if total > settings.context_length:
+        raise BadRequest(
+            f"Requested token count exceeds the model's maximum context length of {settings.context_length}"
+            f" tokens. You requested a total of {total} tokens: {len(prompt_ids)} tokens from the input"
+            f" messages and {max_new_tokens} tokens for the completion."
+        )
+    rid = body.get("rid") or f"emu-{uuid.uuid4().hex}"
+    if not isinstance(rid, str):
+        raise BadRequest("rid must be a string")
+    if rid in request.app[ENGINE_KEY].calls:
+        raise BadRequest(f"a request with rid {rid!r} is already running")
+    session = body.get("session_id") or request.headers.get(SESSION_HEADER)
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest("stream must be true or false")
+    return Job(
+        prompt_ids=prompt_ids,
+        max_new_tokens=max_new_tokens,
+        stream=stream,
+        rid=rid,
+        priority=_priority(body.get("priority")),
+        session_id=str(session) if session is not None else None,
+        lend=request.headers.get(LEND_HEADER, "").lower() in ("1", "true", "yes"),
+    )
+
+
+def _generate_job(request: web.Request, body: dict[str, Any]) -> Job:
+    text, input_ids = body.get("text"), body.get("input_ids")
+    if (text is None) == (input_ids is None):
+        raise BadRequest("give exactly one of text and input_ids")
+    if text is not None and not isinstance(text, str):
+        raise BadRequest("text must be a string (one request; batches are not supported)")
+    prompt = tokens.encode(text) if text is not None else _token_ids(input_ids, "input_ids")
+    params = body.get("sampling_params") or {}
+    if not isinstance(params, dict):
+        raise BadRequest("sampling_params must be an object")
+    max_new = _int(params.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS), "max_new_tokens")
+    return _job(request, body, prompt, max_new)
+
+
+def _max_tokens(body: dict[str, Any]) -> int:
+    value = body.get("max_completion_tokens", body.get("max_tokens", DEFAULT_MAX_TOKENS))
+    return _int(value, "max_tokens")
+
+
+def _completion_job(request: web.Request, body: dict[str, Any]) -> Job:
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise BadRequest("prompt is required")
+    ids = tokens.encode(prompt) if isinstance(prompt, str) else _token_ids(prompt, "prompt")
+    return _job(request, body, ids, _max_tokens(body))
+
+
+def chat_prompt_ids(messages: Any) -> list[int]:
+    """The emulator's chat template: each message is its role word followed by its content."""
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty list")
+    ids: list[int] = []
+    for message in messages:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise BadRequest("every message needs a role")
+        content = message.get("content", "")
+        if isinstance(content, list):
+            parts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+            content = " ".join(parts)
+        if not isinstance(content, str):
+            raise BadRequest("message content must be a string or a list of text parts")
+        ids.extend(tokens.encode(message["role"]))
+        ids.extend(tokens.encode(content))
+    return ids
+
+
+def _chat_job(request: web.Request, body: dict[str, Any]) -> Job:
+    return _job(request, body, chat_prompt_ids(body.get("messages")), _max_tokens(body))
+
+
+# ---------------------------------------------------------------------------- running a job
+async def _wait(event: asyncio.Event, timeout: float | None) -> None:
+    """Wait for `event`, at most `timeout` seconds."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), timeout)
+
+
+async def _token_stream(engine: LiveEngine, call: LiveCall) -> AsyncIterator[list[int]]:
+    """Output ids as the model generates them, in chunks; ends when the request finishes."""
+    await call.first_token.wait()
+    sent = 0
+    while True:
+        finished = call.done.is_set()
+        count = len(call.output_ids) if finished and not call.aborted else engine.generated(call)
+        count = max(count, 1 if call.output_ids and not call.aborted else 0)
+        if count > sent:
+            yield call.output_ids[sent:count]
+            sent = count
+        if finished:
+            return
+        await _wait(call.done, STREAM_TICK_S)
+
+
+def _finish_reason(call: LiveCall) -> str:
+    return "abort" if call.aborted else "length"
+
+
+async def _run(
+    request: web.Request,
+    job: Job,
+    respond: Callable[[LiveCall], Awaitable[web.StreamResponse]],
+) -> web.StreamResponse:
+    engine = request.app[ENGINE_KEY]
+    call = engine.submit(job.rid, job.prompt_ids, job.max_new_tokens, job.session_id, job.priority, job.lend)
+    try:
+        return await respond(call)
+    except (asyncio.CancelledError, ConnectionResetError):
+        engine.abort(call.rid)  # the client went away: free what the request holds
+        raise
+    finally:
+        engine.finish(call)
+
+
+async def _sse(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    return response
+
+
+async def _send(response: web.StreamResponse, payload: dict[str, Any] | str) -> None:
+    data = payload if isinstance(payload, str) else json.dumps(payload)
+    await response.write(f"data: {data}\n\n".encode())
+
+
+def _meta(engine: LiveEngine, call: LiveCall, completion_tokens: int, final: bool) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "id": call.rid,
+        "prompt_tokens": len(call.prompt_ids),
+        "completion_tokens": completion_tokens,
+        "cached_tokens": call.cached_tokens,
+        "finish_reason": None,
+    }
+    if final:
+        reason = _finish_reason(call)
+        meta["finish_reason"] = (
+            {"type": reason, "length": completion_tokens}
+            if reason == "length"
+            else {
+                "type": "abort",
+                "message": "aborted",
+            }
+        )
+        meta["e2e_latency"] = engine.env.now - call.submitted_model_s
+    return meta
+
+
+def _native(engine: LiveEngine, call: LiveCall, out: list[int], final: bool) -> dict[str, Any]:
+    """One /generate answer (or stream chunk): SGLang streams the whole text so far in every chunk."""
+    return {"text": tokens.decode(out), "output_ids": out, "meta_info": _meta(engine, call, len(out), final)}
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    """SGLang's native `POST /generate`."""
+    job = _generate_job(request, await _body(request))
+    engine = request.app[ENGINE_KEY]
+
+    async def respond(call: LiveCall) -> web.StreamResponse:
+        if not job.stream:
+            await call.done.wait()
+            out = [] if call.aborted else call.output_ids
+            return web.json_response(
+                {
+                    "text": tokens.decode(out),
+                    "output_ids": out,
+                    "meta_info": _meta(engine, call, len(out), True),
+                }
+            )
+        response = await _sse(request)
+        sent: list[int] = []
+        async for chunk in _token_stream(engine, call):
+            sent.extend(chunk)
+            await _send(
+                response,
+                {
+                    "text": tokens.decode(sent),
+                    "output_ids": sent,
+                    "meta_info": _meta(engine, call, len(sent), False),
+                },
+            )
+        await _send(
+            response,
+            {
+                "text": tokens.decode(sent),
+                "output_ids": sent,
+                "meta_info": _meta(engine, call, len(sent), True),
+            },
+        )
+        await _send(response, "[DONE]")
+        await response.write_eof()
+        return response
+
+    return await _run(request, job, respond)
+
+
+def _usage(call: LiveCall, completion_tokens: int) -> dict[str, Any]:
+    prompt = len(call.prompt_ids)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": call.cached_tokens},
+    }
+
+
+def _openai(chat: bool) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """`POST /v1/chat/completions` (chat) or `POST /v1/completions`, with SSE streaming and usage."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        body = await _body(request)
+        job = _chat_job(request, body) if chat else _completion_job(request, body)
+        engine = request.app[ENGINE_KEY]
+        model = request.app[SETTINGS_KEY].model_name
+        created = int(time.time())
+        kind = "chat.completion" if chat else "text_completion"
+        options = body.get("stream_options") or {}
+        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+
+        def choice(text: str, reason: str | None, delta: bool, first: bool = False) -> dict[str, Any]:
+            if not chat:
+                return {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+            if not delta:
+                return {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": reason,
+                }
+            content = {"role": "assistant", "content": text} if first else {"content": text}
+            return {"index": 0, "delta": content, "finish_reason": reason}
+
+        async def respond(call: LiveCall) -> web.StreamResponse:
+            head = {"id": call.rid, "created": created, "model": model}
+            if not job.stream:
+                await call.done.wait()
+                out = [] if call.aborted else call.output_ids
+                return web.json_response(
+                    {
+                        **head,
+                        "object": kind,
+                        "choices": [choice(tokens.decode(out), _finish_reason(call), False)],
+                        "usage": _usage(call, len(out)),
+                    }
+                )
+            response = await _sse(request)
+            chunk_kind = f"{kind}.chunk" if chat else kind
+            count = 0
+            async for chunk in _token_stream(engine, call):
+                text = tokens.decode(chunk) if count == 0 else " " + tokens.decode(chunk)
+                count += len(chunk)
+                chunk_choice = choice(text, None, True, first=count == len(chunk))
+                await _send(response, {**head, "object": chunk_kind, "choices": [chunk_choice]})
+            final = {**head, "object": chunk_kind, "choices": [choice("", _finish_reason(call), True)]}
+            await _send(response, final)
+            if include_usage:
+                await _send(
+                    response, {**head, "object": chunk_kind, "choices": [], "usage": _usage(call, count)}
+                )
+            await _send(response, "[DONE]")
+            await response.write_eof()
+            return response
+
+        return await _run(request, job, respond)
+
+    return handler
+
+
+# ---------------------------------------------------------------------------- control and telemetry
+async def health(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def server_info(request: web.Request) -> web.Response:
+    settings: EmulatorSettings = request.app[SETTINGS_KEY]
+    deployment = settings.deployment
+    return web.json_response(
+        {
+            "emulator": True,
+            "note": "basin emulate: an SGLang-compatible emulator driven by Basin's calibrated engine model;"
+            " no GPU and no model run here.",
+            "version": f"basin-emulator {__version__}",
+            "model_path": settings.model_name,
+            "served_model_name": settings.model_name,
+            "deployment": deployment.name,
+            "gpu": deployment.gpu.name,
+            "disaggregation_mode": "prefill-decode behind a router",
+            "prefill_instances": deployment.prefill_instances,
+            "decode_instances": deployment.decode_instances,
+            "page_size": PAGE_TOKENS,
+            "context_length": settings.context_length,
+            "prefill_cache_tokens": deployment.gpu.prefill_cache_tokens,
+            "host_cache_tokens": int(deployment.gpu.prefill_cache_tokens * deployment.host_tier),
+            "decode_kv_tokens": deployment.gpu.decode_kv_tokens,
+            "hicache_write_policy": "write_through" if deployment.write_through else "write_back",
+            "disaggregation_decode_allocation_policy": deployment.allocation,
+            "router_policy": deployment.router,
+            "enable_priority_scheduling": True,
+            "schedule_low_priority_values_first": True,
+            "lending": settings.lending,
+            "time_scale": settings.time_scale,
+        }
+    )
+
+
+async def models(request: web.Request) -> web.Response:
+    name = request.app[SETTINGS_KEY].model_name
+    return web.json_response(
+        {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "basin"}]}
+    )
+
+
+async def loads(request: web.Request) -> web.Response:
+    """SGLang's `GET /v1/loads`: one load record per engine instance (prefill and decode)."""
+    engine = request.app[ENGINE_KEY]
+    return web.json_response(
+        {
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "version": f"basin-emulator {__version__}",
+            "loads": engine.snapshot(),
+        }
+    )
+
+
+async def flush_cache(request: web.Request) -> web.Response:
+    pages = request.app[ENGINE_KEY].flush_cache()
+    return web.Response(text=f"Cache flushed: {pages * PAGE_TOKENS} tokens dropped.\n")
+
+
+async def abort_request(request: web.Request) -> web.Response:
+    body = await _body(request)
+    rid = body.get("rid")
+    engine = request.app[ENGINE_KEY]
+    if body.get("abort_all"):
+        aborted = [r for r in list(engine.calls) if engine.abort(r)]
+        return web.json_response({"aborted": aborted})
+    if not isinstance(rid, str):
+        raise BadRequest("rid (a string) or abort_all is required")
+    return web.json_response({"aborted": [rid] if engine.abort(rid) else []})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    registry: CollectorRegistry = request.app[REGISTRY_KEY]
+    body = generate_latest(registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+# ---------------------------------------------------------------------------- the app
+def _error(status: int, message: str, kind: str) -> web.Response:
+    return web.json_response(
+        {"object": "error", "message": message, "type": kind, "param": None, "code": status}, status=status
+    )
+
+
+@web.middleware
+async def errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> Any:
+    """SGLang-style JSON error bodies for bad input and unknown routes."""
+    try:
+        return await handler(request)
+    except BadRequest as error:
+        return _error(400, str(error), "BadRequestError")
+    except web.HTTPException as error:
+        if error.status >= 400:
+            return _error(error.status, error.reason, type(error).__name__)
+        raise
+
+
+def create_app(settings: EmulatorSettings) -> web.Application:
+    app = web.Application(middlewares=[errors], client_max_size=64 * 1024 * 1024)
+    engine = LiveEngine(settings.deployment, settings.time_scale, settings.lending)
+    app[SETTINGS_KEY] = settings
+    app[ENGINE_KEY] = engine
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(EngineCollector(engine, settings.model_name))
+    app[REGISTRY_KEY] = registry
+    app.router.add_post("/generate", generate)
+    app.router.add_post("/v1/completions", _openai(chat=False))
+    app.router.add_post("/v1/chat/completions", _openai(chat=True))
+    app.router.add_get("/health", health)
+    app.router.add_get("/get_server_info", server_info)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/loads", loads)
+    app.router.add_post("/flush_cache", flush_cache)
+    app.router.add_post("/abort_request", abort_request)
+    app.router.add_get("/metrics", metrics)
+
+    async def clock(app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(engine.run_clock())
+        yield
+        task.cancel()
+
+    app.cleanup_ctx.append(clock)
+    return app
+
+
+async def serve(settings: EmulatorSettings, host: str, port: int, ready: Callable[[int], None]) -> None:
+    """Run the emulator until cancelled; `ready` gets the bound port (useful with port 0)."""
+    runner = web.AppRunner(create_app(settings), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    ready(bound)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
