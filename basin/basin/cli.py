@@ -443,6 +443,216 @@ def emulate(
         logging.getLogger("basin.emulator").info("stopped")
 
 
+@cli.command("replay")
+@click.option(
+    "--target", required=True, metavar="URL", help="Base URL of the endpoint, e.g. http://127.0.0.1:30000."
+)
+@workload_options(default="terminal-bench")
+@click.option("--base-rate", type=float, required=True, help="Session arrivals per minute.")
+@click.option(
+    "--surge-factor",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Arrival-rate multiplier during the surge (2.0 = +100 %).",
+)
+@click.option("--surge-start-min", type=float, default=15.0, show_default=True)
+@click.option("--surge-minutes", type=float, default=0.0, show_default=True, help="0: no surge.")
+@click.option("--post-surge-rate", type=float, default=None, help="Arrivals per minute after the surge.")
+@click.option("--duration-min", type=float, default=120.0, show_default=True, help="Model minutes to run.")
+@click.option(
+    "--time-scale",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Model seconds per wall second; match the emulator's --time-scale (1 for real deployments).",
+)
+@click.option(
+    "--api",
+    type=click.Choice(["openai", "sglang"]),
+    default="openai",
+    show_default=True,
+    help="openai: POST /v1/chat/completions; sglang: POST /generate with input_ids.",
+)
+@click.option("--model", default="default", show_default=True, help="Model name sent with OpenAI requests.")
+@click.option(
+    "--max-concurrency", type=int, default=512, show_default=True, help="Requests in flight at most."
+)
+@click.option(
+    "--max-errors",
+    type=int,
+    default=50,
+    show_default=True,
+    help="Stop the run after this many connection errors and failed requests.",
+)
+@click.option(
+    "--reference-gpu",
+    type=click.Choice(["h100", "h200"]),
+    default=None,
+    help="GPU whose unloaded session times define slowdown. Default: the emulator's, else h200.",
+)
+@click.option(
+    "--json",
+    "json_out",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    default=None,
+    help="Write the full result as JSON (- for stdout).",
+)
+@click.option(
+    "--plot", "plot_out", type=click.Path(dir_okay=False), default=None, help="Write a figure (PNG)."
+)
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def replay(
+    target: str,
+    workload: str,
+    seed: int,
+    sessions: int | None,
+    tool_time_scale: float,
+    output_scale: float,
+    base_rate: float,
+    surge_factor: float,
+    surge_start_min: float,
+    surge_minutes: float,
+    post_surge_rate: float | None,
+    duration_min: float,
+    time_scale: float,
+    api: str,
+    model: str,
+    max_concurrency: int,
+    max_errors: int,
+    reference_gpu: str | None,
+    json_out: str | None,
+    plot_out: str | None,
+    quiet: bool,
+) -> None:
+    """Replay agent sessions against an OpenAI-compatible or SGLang endpoint and summarize the run.
+
+    Exits 1 when requests failed (the summary still prints), 130 when interrupted with Ctrl-C.
+    """
+    import asyncio
+    import signal
+    from urllib.parse import urlparse
+
+    from basin.sim.deployments import GPUS
+    from basin.workload import RateSchedule, load_workload
+
+    try:
+        from basin_profiler.replay import Replay, ReplayConfig, server_cache_tokens
+    except ImportError as error:
+        raise BasinError(f"replay needs: pip install 'basin[profiler]' ({error})") from None
+    parsed = urlparse(target)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise BasinError(f"--target must be an http(s) URL, got {target!r}")
+    if time_scale <= 0:
+        raise BasinError(f"--time-scale must be positive, got {time_scale}")
+    if max_concurrency < 1 or max_errors < 1:
+        raise BasinError("--max-concurrency and --max-errors must be at least 1")
+    schedule = RateSchedule(
+        base_rate=base_rate,
+        duration_min=duration_min,
+        surge_factor=surge_factor,
+        surge_start_min=surge_start_min,
+        surge_minutes=surge_minutes,
+        post_surge_rate=post_surge_rate,
+    )
+    for path in (json_out, plot_out):
+        if path and path != "-":
+            _writable(path)
+    pool = load_workload(workload, seed, tool_time_scale, output_scale, sessions)
+    cache_tokens, server_gpu = asyncio.run(server_cache_tokens(target))
+    gpu = reference_gpu or (server_gpu if server_gpu in GPUS else "h200")
+    config = ReplayConfig(
+        target=target,
+        schedule=schedule,
+        reference_gpu=GPUS[gpu],
+        api=api,
+        seed=seed,
+        time_scale=time_scale,
+        max_concurrency=max_concurrency,
+        max_errors=max_errors,
+        model=model,
+        cache_tokens=cache_tokens,
+    )
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("replaying"),
+        BarColumn(),
+        TextColumn("{task.completed:.1f}/{task.total:.0f} min · {task.fields[status]}"),
+        TimeElapsedColumn(),
+        disable=quiet,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("replay", total=duration_min, status="")
+
+        def report(model_s: float, counts) -> None:  # type: ignore[no-untyped-def]
+            status = f"{counts.answered:,} calls answered, {counts.errors} errors"
+            progress.update(task, completed=min(model_s / 60, duration_min), status=status)
+
+        runner = Replay(config, pool, progress=report)
+
+        async def run():  # type: ignore[no-untyped-def]
+            loop = asyncio.get_running_loop()
+            loop.add_signal_handler(signal.SIGINT, runner.stop, "interrupted (Ctrl-C)")
+            try:
+                return await runner.run()
+            finally:
+                loop.remove_signal_handler(signal.SIGINT)
+
+        result = asyncio.run(run())
+    counts = result.counts
+    payload = {
+        "target": target,
+        "api": api,
+        "workload": workload,
+        "seed": seed,
+        "base_rate": base_rate,
+        "surge_factor": surge_factor,
+        "surge_start_min": surge_start_min,
+        "surge_minutes": surge_minutes,
+        "duration_min": duration_min,
+        "time_scale": time_scale,
+        "reference_gpu": gpu,
+        **result.summary.to_dict(),
+        "requests": counts.requests,
+        "answered": counts.answered,
+        "parked_answers": counts.parked_answers,
+        "connection_errors": counts.connection_errors,
+        "failed_requests": counts.failed_requests,
+        "first_errors": counts.first_errors,
+        "stopped_early": counts.stopped_early or None,
+        "model_seconds": result.model_seconds,
+        "wall_seconds": result.wall_seconds,
+    }
+    if json_out == "-":
+        click.echo(json.dumps(payload))
+    elif json_out:
+        Path(json_out).write_text(json.dumps(payload, indent=1))
+    if plot_out:
+        from basin.evaluate.plot import plot_run
+
+        plot_run(result.summary, result.records, plot_out, title=f"replay of {workload} against {target}")
+    if json_out != "-":
+        _print_summary(
+            payload,
+            title=f"replay · {target} · {workload} · {base_rate:g} sessions/min · seed {seed}",
+            extra=[
+                ("requests / answered", f"{counts.requests:,} / {counts.answered:,}"),
+                ("parked answers (429)", str(counts.parked_answers)),
+                ("errors (connection / failed)", f"{counts.connection_errors} / {counts.failed_requests}"),
+                ("wall seconds", f"{result.wall_seconds:.1f}"),
+            ],
+        )
+    for message in counts.first_errors:
+        click.echo(f"error: {message}", err=True)
+    if counts.stopped_early:
+        click.echo(f"stopped early: {counts.stopped_early}", err=True)
+    if counts.stopped_early.startswith("interrupted"):
+        sys.exit(130)
+    if counts.errors:
+        sys.exit(1)
+
+
 @cli.command("analyze")
 @click.option(
     "--deployment", default="h200-1p3d", show_default=True, metavar="PRESET", help="Deployment preset."
@@ -817,11 +1027,12 @@ def predictor_evaluate(
     click.echo(f"  median |log error|         {result['median_abs_log_error']:.3f}")
 
 
-def _print_summary(payload: dict) -> None:
+def _print_summary(payload: dict, title: str | None = None, extra: list[tuple[str, object]] = ()) -> None:  # type: ignore[assignment]
     from rich.table import Table
 
     table = Table(
-        title=f"{payload['deployment']} · {payload['policy']} · {payload['workload']} · "
+        title=title
+        or f"{payload['deployment']} · {payload['policy']} · {payload['workload']} · "
         f"{payload['base_rate']:g} sessions/min · seed {payload['seed']}"
     )
     table.add_column("metric")
@@ -837,8 +1048,10 @@ def _print_summary(payload: dict) -> None:
         ("L_late (s)", payload["l_late_s"]),
         ("median slowdown", payload["median_slowdown"]),
         ("median first-call wait (s)", payload["median_first_call_wait_s"]),
-        ("events / wall seconds", f"{payload['events']:,} / {payload['wall_seconds']:.1f}"),
     ]
+    if "events" in payload:
+        rows.append(("events / wall seconds", f"{payload['events']:,} / {payload['wall_seconds']:.1f}"))
+    rows.extend(extra)
     for name, value in rows:
         shown = (
             "n/a" if value is None else (_format_number(value) if isinstance(value, float) else str(value))

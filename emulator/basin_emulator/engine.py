@@ -22,6 +22,7 @@ from basin.sim.engine import PDEngine, Request
 from basin.sim.env import Environment
 
 HIT_RATE_WINDOW = 64  # prefills the per-instance recent hit rate averages over
+MAX_HOLD_S = 0.05  # wall seconds the model may wait for a request that is still being read and parsed
 
 
 @dataclass(eq=False)
@@ -79,14 +80,31 @@ class LiveEngine:
         self._rids = itertools.count(1)
         self._started = time.monotonic()
         self._wake: asyncio.Event | None = None
+        self._holds: dict[int, float] = {}  # requests being read: handle -> model arrival time
+        self._handles = itertools.count(1)
 
     # ------------------------------------------------------------------ clock
     def model_now(self) -> float:
         return (time.monotonic() - self._started) * self.time_scale
 
     def catch_up(self) -> None:
-        """Process every model event due by now."""
-        self.env.run(self.model_now())
+        """Process every model event due by now, but not past the arrival of a request still being read
+        (for at most MAX_HOLD_S wall seconds), so that request can enter the model when it arrived."""
+        until = self.model_now()
+        if self._holds:
+            oldest = min(self._holds.values())
+            until = max(min(until, oldest), until - MAX_HOLD_S * self.time_scale)
+        self.env.run(until)
+
+    def hold(self) -> int:
+        """Mark a request's arrival now; `submit` it with the returned handle, then `release` it."""
+        handle = next(self._handles)
+        self._holds[handle] = self.model_now()
+        return handle
+
+    def release(self, handle: int) -> None:
+        if self._holds.pop(handle, None) is not None:
+            self._poke()
 
     async def run_clock(self) -> None:
         """Advance the model forever: wake at the next event or when a request arrives."""
@@ -94,9 +112,12 @@ class LiveEngine:
         while True:
             self.catch_up()
             next_event = self.env.peek()
-            timeout = (
-                None if next_event is None else max(0.0, (next_event - self.model_now()) / self.time_scale)
-            )
+            if next_event is None:
+                timeout = None
+            elif self._holds and next_event <= self.model_now():
+                timeout = MAX_HOLD_S  # held for a request being read; `release` wakes the clock
+            else:
+                timeout = max(0.0, (next_event - self.model_now()) / self.time_scale)
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
@@ -114,9 +135,13 @@ class LiveEngine:
         session_id: str | None,
         priority: float | None,
         lend: bool,
+        arrival: int | None = None,
     ) -> LiveCall:
-        """Start a request now; its page keys come from the prompt's tokens."""
+        """Start a request at its arrival (a `hold` handle) or now; its page keys come from its tokens."""
         self.catch_up()
+        arrived = self._holds.pop(arrival, None) if arrival is not None else None
+        if arrived is not None and arrived > self.env.now:
+            self.env.run(arrived)
         keys = tokens.page_keys(prompt_ids, PAGE_TOKENS)
         request = Request(
             next(self._rids),

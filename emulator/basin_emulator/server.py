@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -69,8 +70,8 @@ class Job:
 # ---------------------------------------------------------------------------- parsing
 async def _body(request: web.Request) -> dict[str, Any]:
     try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as error:
         raise BadRequest(f"invalid JSON body: {error}") from None
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
@@ -86,9 +87,10 @@ def _int(value: Any, name: str, minimum: int = 0) -> int:
 
 
 def _token_ids(value: Any, name: str) -> list[int]:
-    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+    # Checked at C speed: prompts run to 100K+ ids and the check sits on every request's path.
+    if not isinstance(value, list) or not set(map(type, value)) <= {int}:
         raise BadRequest(f"{name} must be a list of token ids (one request; batches are not supported)")
-    if any(v < 0 for v in value):
+    if value and min(value) < 0:
         raise BadRequest(f"{name} holds a negative token id")
     return value
 
@@ -209,18 +211,30 @@ def _finish_reason(call: LiveCall) -> str:
     return "abort" if call.aborted else "length"
 
 
-async def _run(
-    request: web.Request,
-    job: Job,
-    respond: Callable[[LiveCall], Awaitable[web.StreamResponse]],
+Respond = Callable[[LiveCall], Awaitable[web.StreamResponse]]
+
+
+async def _serve_job(
+    request: web.Request, parse: Callable[[dict[str, Any]], tuple[Job, Respond]]
 ) -> web.StreamResponse:
+    """Parse a generation request, run it on the model and answer. The request enters the model at
+    its arrival time: the emulator's own parsing does not count as engine latency."""
     engine = request.app[ENGINE_KEY]
-    call = engine.submit(job.rid, job.prompt_ids, job.max_new_tokens, job.session_id, job.priority, job.lend)
+    arrival = engine.hold()
+    try:
+        job, respond = parse(await _body(request))
+        call = engine.submit(
+            job.rid, job.prompt_ids, job.max_new_tokens, job.session_id, job.priority, job.lend, arrival
+        )
+    finally:
+        engine.release(arrival)
     try:
         return await respond(call)
     except (asyncio.CancelledError, ConnectionResetError):
         engine.abort(call.rid)  # the client went away: free what the request holds
-        raise
+        if isinstance(sys.exc_info()[1], asyncio.CancelledError):
+            raise
+        return web.Response(status=499)  # nobody reads it; keeps a vanished client out of the error log
     finally:
         engine.finish(call)
 
@@ -232,8 +246,8 @@ async def _sse(request: web.Request) -> web.StreamResponse:
 
 
 async def _send(response: web.StreamResponse, payload: dict[str, Any] | str) -> None:
-    data = payload if isinstance(payload, str) else json.dumps(payload)
-    await response.write(f"data: {data}\n\n".encode())
+    data = payload.encode() if isinstance(payload, str) else orjson.dumps(payload)
+    await response.write(b"data: " + data + b"\n\n")
 
 
 def _meta(engine: LiveEngine, call: LiveCall, completion_tokens: int, final: bool) -> dict[str, Any]:
@@ -245,65 +259,48 @@ def _meta(engine: LiveEngine, call: LiveCall, completion_tokens: int, final: boo
         "finish_reason": None,
     }
     if final:
-        reason = _finish_reason(call)
-        meta["finish_reason"] = (
-            {"type": reason, "length": completion_tokens}
-            if reason == "length"
-            else {
-                "type": "abort",
-                "message": "aborted",
-            }
-        )
+        if call.aborted:
+            meta["finish_reason"] = {"type": "abort", "message": "aborted"}
+        else:
+            meta["finish_reason"] = {"type": "length", "length": completion_tokens}
         meta["e2e_latency"] = engine.env.now - call.submitted_model_s
     return meta
 
 
-def _native(engine: LiveEngine, call: LiveCall, out: list[int], final: bool) -> dict[str, Any]:
+def _native(
+    engine: LiveEngine, call: LiveCall, out: list[int], final: bool, text: str | None = None
+) -> dict[str, Any]:
     """One /generate answer (or stream chunk): SGLang streams the whole text so far in every chunk."""
-    return {"text": tokens.decode(out), "output_ids": out, "meta_info": _meta(engine, call, len(out), final)}
+    text = tokens.decode(out) if text is None else text
+    return {"text": text, "output_ids": out, "meta_info": _meta(engine, call, len(out), final)}
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
     """SGLang's native `POST /generate`."""
-    job = _generate_job(request, await _body(request))
     engine = request.app[ENGINE_KEY]
 
-    async def respond(call: LiveCall) -> web.StreamResponse:
-        if not job.stream:
-            await call.done.wait()
-            out = [] if call.aborted else call.output_ids
-            return web.json_response(
-                {
-                    "text": tokens.decode(out),
-                    "output_ids": out,
-                    "meta_info": _meta(engine, call, len(out), True),
-                }
-            )
-        response = await _sse(request)
-        sent: list[int] = []
-        async for chunk in _token_stream(engine, call):
-            sent.extend(chunk)
-            await _send(
-                response,
-                {
-                    "text": tokens.decode(sent),
-                    "output_ids": sent,
-                    "meta_info": _meta(engine, call, len(sent), False),
-                },
-            )
-        await _send(
-            response,
-            {
-                "text": tokens.decode(sent),
-                "output_ids": sent,
-                "meta_info": _meta(engine, call, len(sent), True),
-            },
-        )
-        await _send(response, "[DONE]")
-        await response.write_eof()
-        return response
+    def parse(body: dict[str, Any]) -> tuple[Job, Respond]:
+        job = _generate_job(request, body)
 
-    return await _run(request, job, respond)
+        async def respond(call: LiveCall) -> web.StreamResponse:
+            if not job.stream:
+                await call.done.wait()
+                return web.json_response(_native(engine, call, [] if call.aborted else call.output_ids, True))
+            response = await _sse(request)
+            sent: list[int] = []
+            text = ""  # grown chunk by chunk: re-spelling the whole output each time is quadratic
+            async for chunk in _token_stream(engine, call):
+                sent.extend(chunk)
+                text = f"{text} {tokens.decode(chunk)}" if text else tokens.decode(chunk)
+                await _send(response, _native(engine, call, sent, final=False, text=text))
+            await _send(response, _native(engine, call, sent, final=True, text=text))
+            await _send(response, "[DONE]")
+            await response.write_eof()
+            return response
+
+        return job, respond
+
+    return await _serve_job(request, parse)
 
 
 def _usage(call: LiveCall, completion_tokens: int) -> dict[str, Any]:
@@ -318,61 +315,55 @@ def _usage(call: LiveCall, completion_tokens: int) -> dict[str, Any]:
 
 def _openai(chat: bool) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     """`POST /v1/chat/completions` (chat) or `POST /v1/completions`, with SSE streaming and usage."""
+    kind = "chat.completion" if chat else "text_completion"
+    chunk_kind = f"{kind}.chunk" if chat else kind
+
+    def choice(text: str, reason: str | None, delta: bool, first: bool = False) -> dict[str, Any]:
+        if not chat:
+            return {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        if not delta:
+            return {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason}
+        content = {"role": "assistant", "content": text} if first else {"content": text}
+        return {"index": 0, "delta": content, "finish_reason": reason}
 
     async def handler(request: web.Request) -> web.StreamResponse:
-        body = await _body(request)
-        job = _chat_job(request, body) if chat else _completion_job(request, body)
         engine = request.app[ENGINE_KEY]
         model = request.app[SETTINGS_KEY].model_name
         created = int(time.time())
-        kind = "chat.completion" if chat else "text_completion"
-        options = body.get("stream_options") or {}
-        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
 
-        def choice(text: str, reason: str | None, delta: bool, first: bool = False) -> dict[str, Any]:
-            if not chat:
-                return {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
-            if not delta:
-                return {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "finish_reason": reason,
-                }
-            content = {"role": "assistant", "content": text} if first else {"content": text}
-            return {"index": 0, "delta": content, "finish_reason": reason}
+        def parse(body: dict[str, Any]) -> tuple[Job, Respond]:
+            job = _chat_job(request, body) if chat else _completion_job(request, body)
+            options = body.get("stream_options") or {}
+            include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
 
-        async def respond(call: LiveCall) -> web.StreamResponse:
-            head = {"id": call.rid, "created": created, "model": model}
-            if not job.stream:
-                await call.done.wait()
-                out = [] if call.aborted else call.output_ids
-                return web.json_response(
-                    {
-                        **head,
-                        "object": kind,
-                        "choices": [choice(tokens.decode(out), _finish_reason(call), False)],
-                        "usage": _usage(call, len(out)),
-                    }
-                )
-            response = await _sse(request)
-            chunk_kind = f"{kind}.chunk" if chat else kind
-            count = 0
-            async for chunk in _token_stream(engine, call):
-                text = tokens.decode(chunk) if count == 0 else " " + tokens.decode(chunk)
-                count += len(chunk)
-                chunk_choice = choice(text, None, True, first=count == len(chunk))
-                await _send(response, {**head, "object": chunk_kind, "choices": [chunk_choice]})
-            final = {**head, "object": chunk_kind, "choices": [choice("", _finish_reason(call), True)]}
-            await _send(response, final)
-            if include_usage:
-                await _send(
-                    response, {**head, "object": chunk_kind, "choices": [], "usage": _usage(call, count)}
-                )
-            await _send(response, "[DONE]")
-            await response.write_eof()
-            return response
+            async def respond(call: LiveCall) -> web.StreamResponse:
+                head = {"id": call.rid, "created": created, "model": model}
+                if not job.stream:
+                    await call.done.wait()
+                    out = [] if call.aborted else call.output_ids
+                    answer = choice(tokens.decode(out), _finish_reason(call), False)
+                    return web.json_response(
+                        {**head, "object": kind, "choices": [answer], "usage": _usage(call, len(out))}
+                    )
+                response = await _sse(request)
+                count = 0
+                async for chunk in _token_stream(engine, call):
+                    text = tokens.decode(chunk) if count == 0 else " " + tokens.decode(chunk)
+                    delta = choice(text, None, True, first=count == 0)
+                    count += len(chunk)
+                    await _send(response, {**head, "object": chunk_kind, "choices": [delta]})
+                final = choice("", _finish_reason(call), True)
+                await _send(response, {**head, "object": chunk_kind, "choices": [final]})
+                if include_usage:
+                    usage = _usage(call, count)
+                    await _send(response, {**head, "object": chunk_kind, "choices": [], "usage": usage})
+                await _send(response, "[DONE]")
+                await response.write_eof()
+                return response
 
-        return await _run(request, job, respond)
+            return job, respond
+
+        return await _serve_job(request, parse)
 
     return handler
 

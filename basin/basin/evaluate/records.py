@@ -35,7 +35,7 @@ class SessionRecord:
     first_call_s: float | None = None  # first call released to the engine (after any parking)
     first_token_s: float | None = None
     done_s: float | None = None
-    outcome: str = "unfinished"  # completed, shed, rejected, terminated, unfinished
+    outcome: str = "unfinished"  # completed, shed, rejected, terminated, failed (replay errors), unfinished
     decode_steps: int = 0
     itl_violating_steps: float = 0.0
 
@@ -60,16 +60,17 @@ class SessionRecord:
 
 @dataclass(slots=True)
 class Sample:
-    """Engine and gateway state at one instant (the simulator samples every few seconds)."""
+    """Engine and gateway state at one instant (the simulator samples every few seconds). A live replay
+    sees only the client's side: it leaves the engine's fields None (not observed)."""
 
     t: float
     active_sessions: int
     parked_sessions: int
     working_set_tokens: int
-    decode_kv_decoding_tokens: int  # held by requests that are decoding
-    decode_kv_waiting_tokens: int  # reserved by requests awaiting prefill or transfer
-    prefill_backlog_tokens: int
-    decode_waiting_requests: int
+    decode_kv_decoding_tokens: int | None = None  # held by requests that are decoding
+    decode_kv_waiting_tokens: int | None = None  # reserved by requests awaiting prefill or transfer
+    prefill_backlog_tokens: int | None = None
+    decode_waiting_requests: int | None = None
 
 
 @dataclass

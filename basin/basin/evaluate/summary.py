@@ -131,7 +131,8 @@ def windows(records: RunRecords, size_s: float) -> list[Window]:
         samples = sample_sums.get(k, [])
 
         def mean(attr: str, samples: list = samples) -> float:
-            return float(np.mean([getattr(s, attr) for s in samples])) if samples else math.nan
+            values = [v for s in samples if (v := getattr(s, attr)) is not None]
+            return float(np.mean(values)) if values else math.nan
 
         working_set = mean("working_set_tokens")
         result.append(

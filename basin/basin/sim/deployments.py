@@ -77,6 +77,9 @@ H200 = GpuCalibration(
 )
 
 
+GPUS: dict[str, GpuCalibration] = {"h100": H100, "h200": H200}
+
+
 @dataclass(frozen=True)
 class Deployment:
     """A PD deployment: instance counts, GPU kind and cache/queue options."""
