@@ -31,7 +31,7 @@ log = logging.getLogger("basin.emulator")
 
 SESSION_HEADER = "X-Session-ID"
 LEND_HEADER = "X-Basin-Lend"  # the gateway's mark: keep this call's prompt on decode as a lent unit
-STREAM_TICK_S = 0.02  # wall seconds between streamed chunks
+STREAM_TICK_S = 0.05  # wall seconds between streamed chunks (the last one goes out at once)
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default for /generate
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 

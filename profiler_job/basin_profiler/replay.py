@@ -320,32 +320,47 @@ class Replay:
         return url, orjson.dumps(body)
 
     async def _read(self, response: aiohttp.ClientResponse) -> _Answer:
-        """Parse an SSE stream (SGLang native or OpenAI chunks) into an answer."""
+        """Parse an SSE stream (SGLang native or OpenAI chunks) into an answer.
+
+        SGLang's native chunks each carry the whole output so far, so only the first chunk with
+        output (for the TTFT) and the last one are decoded; OpenAI chunks carry deltas."""
         answer = _Answer()
         native = self.config.api == "sglang"
+        last: bytes | None = None
         async for raw in response.content:
+            arrived = self.now()
             line = raw.strip()
             if not line.startswith(b"data:"):
                 continue
             data = line[5:].strip()
             if data == b"[DONE]":
                 break
-            chunk = orjson.loads(data)
             if native:
-                meta = chunk.get("meta_info") or {}
-                ids = chunk.get("output_ids")
-                answer.output = list(ids) if ids is not None else tokens.encode(chunk.get("text", ""))
-                answer.cached_tokens = int(meta.get("cached_tokens", answer.cached_tokens))
-            else:
-                for choice in chunk.get("choices") or []:
-                    answer.text += (choice.get("delta") or {}).get("content") or ""
-                usage = chunk.get("usage") or {}
-                details = usage.get("prompt_tokens_details") or {}
-                answer.cached_tokens = int(details.get("cached_tokens") or answer.cached_tokens)
-                answer.output = tokens.encode(answer.text)
-            if answer.first_token_s is None and answer.output:
-                answer.first_token_s = self.now()
+                last = data
+                if answer.first_token_s is None and self._native_output(orjson.loads(data), answer):
+                    answer.first_token_s = arrived
+                continue
+            chunk = orjson.loads(data)
+            for choice in chunk.get("choices") or []:
+                answer.text += (choice.get("delta") or {}).get("content") or ""
+            details = (chunk.get("usage") or {}).get("prompt_tokens_details") or {}
+            answer.cached_tokens = int(details.get("cached_tokens") or answer.cached_tokens)
+            if answer.first_token_s is None and answer.text.strip():
+                answer.first_token_s = arrived
+        if native and last is not None:
+            self._native_output(orjson.loads(last), answer)
+        elif not native:
+            answer.output = tokens.encode(answer.text)
         return answer
+
+    @staticmethod
+    def _native_output(chunk: dict[str, Any], answer: _Answer) -> bool:
+        """Take a native chunk's output and cached tokens into `answer`; True if it has output."""
+        meta = chunk.get("meta_info") or {}
+        ids = chunk.get("output_ids")
+        answer.output = list(ids) if ids is not None else tokens.encode(chunk.get("text", ""))
+        answer.cached_tokens = int(meta.get("cached_tokens", answer.cached_tokens))
+        return bool(answer.output)
 
 
 def _retry_after(value: str | None) -> float:

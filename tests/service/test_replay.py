@@ -1,0 +1,204 @@
+"""`basin replay` against real servers: the emulator (agreement with `basin simulate`), a gateway-like
+server that parks and sheds, an emulator that dies mid-run, and Ctrl-C."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+pytestmark = pytest.mark.service
+
+BASIN = str(Path(sys.executable).with_name("basin"))
+
+
+def run_basin(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([BASIN, *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+MOONCAKE = str(Path(__file__).parents[1] / "data" / "mooncake_conversation_slice.jsonl")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("workload", "rate", "scale", "compare_ttft"),
+    [
+        # Mooncake's conversations leave real uncached prefill: a median TTFT of ~0.14 model seconds.
+        (MOONCAKE, "6", "20", True),
+        # Terminal-Bench-like sessions hit ~92 %: the median TTFT, ~0.05 model seconds, is 2.5 ms of wall
+        # time at x20, below what a Python client and server on a shared 2-core machine resolve, so
+        # this run checks reuse and completions (at x40, to keep it short).
+        ("terminal-bench", "3.3", "40", False),
+    ],
+)
+def test_replay_on_the_emulator_agrees_with_the_simulator(  # type: ignore[no-untyped-def]
+    emulator_factory, tmp_path: Path, workload: str, rate: str, scale: str, compare_ttft: bool
+) -> None:
+    """The same scenario and seed, cold start: replayed in real time over HTTP, then simulated.
+
+    Tolerances (issue 6): hit rate ±0.05, completed sessions ±10 %, median TTFT within 2×. A replay's
+    TTFT also holds `scale` times the client's and server's software time per request (1–3 ms here,
+    see benchmarks/emulator.py), which is why TTFT has the widest tolerance.
+    """
+    emulator = emulator_factory("--deployment", "h100-1p1d", "--time-scale", scale)
+    scenario = ["--workload", workload, "--base-rate", rate, "--duration-min", "20", "--seed", "1"]
+    out = tmp_path / "replay.json"
+    replay = run_basin(
+        "replay", "--target", emulator.url, "--time-scale", scale, "--api", "sglang", "--quiet",
+        "--json", str(out), *scenario,
+    )  # fmt: skip
+    assert replay.returncode == 0, replay.stderr
+    live = json.loads(out.read_text())
+    simulated = run_basin("simulate", "--deployment", "h100-1p1d", "--warm-sessions", "0", "--quiet",
+                          "--json", "-", *scenario)  # fmt: skip
+    assert simulated.returncode == 0, simulated.stderr
+    model = json.loads(simulated.stdout)
+    assert live["connection_errors"] == live["failed_requests"] == 0
+    assert live["measured_sessions"] == model["measured_sessions"] > 20  # the same arrivals
+    assert abs(live["hit_rate_pre"] - model["hit_rate_pre"]) <= 0.05
+    live_done = live["completed_fraction"] * live["measured_sessions"]
+    model_done = model["completed_fraction"] * model["measured_sessions"]
+    assert abs(live_done - model_done) <= 0.1 * model_done
+    if compare_ttft:
+        ratio = live["median_ttft_late_s"] / model["median_ttft_late_s"]
+        assert 0.5 <= ratio <= 2.0, (live["median_ttft_late_s"], model["median_ttft_late_s"])
+
+
+def test_openai_replay_reuses_prefixes_through_the_chat_route(emulator_factory) -> None:  # type: ignore[no-untyped-def]
+    emulator = emulator_factory("--deployment", "h200-1p1d", "--time-scale", "60")
+    result = run_basin(
+        "replay", "--target", emulator.url, "--time-scale", "60", "--api", "openai", "--quiet",
+        "--base-rate", "3", "--duration-min", "6", "--seed", "2", "--json", "-",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    payload = json.loads(result.stdout)
+    assert payload["answered"] > 50 and payload["connection_errors"] == 0
+    assert payload["reference_gpu"] == "h200"  # read from the emulator's /get_server_info
+    assert payload["hit_rate_pre"] > 0.6  # returning calls resend their history and hit
+
+
+class GatewayStub:
+    """A gateway-like server: it parks every session's first call once (429), serves it, then sheds
+    the session at its next call (503), recording the headers it saw."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, str]] = []
+        self.attempts: dict[str, int] = {}
+        self.port = 0
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        session = request.headers["X-Session-ID"]
+        self.seen.append(dict(request.headers))
+        attempt = self.attempts[session] = self.attempts.get(session, 0) + 1
+        if attempt == 1:
+            return web.Response(status=429, headers={"Retry-After": "0.01"})
+        if attempt > 2:
+            return web.Response(status=503, headers={"X-Basin-Outcome": "shed"})
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        words = " ".join(["w500"] * body["max_tokens"])
+        chunk = {"choices": [{"index": 0, "delta": {"content": words}, "finish_reason": None}]}
+        usage = {"choices": [], "usage": {"prompt_tokens": 1, "prompt_tokens_details": {"cached_tokens": 0}}}
+        for event in (chunk, usage):
+            await response.write(f"data: {json.dumps(event)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    def serve(self) -> None:
+        async def main() -> None:
+            app = web.Application(client_max_size=1 << 26)
+            app.router.add_post("/v1/chat/completions", self.handle)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            self._loop = asyncio.get_running_loop()
+            self._ready.set()
+            await asyncio.Event().wait()
+
+        threading.Thread(target=asyncio.run, args=(main(),), daemon=True).start()
+        self._ready.wait(10)
+
+
+@pytest.fixture
+def gateway() -> Iterator[GatewayStub]:
+    stub = GatewayStub()
+    stub.serve()
+    yield stub
+
+
+def test_429_parks_and_503_sheds(gateway: GatewayStub) -> None:
+    result = run_basin(
+        "replay", "--target", f"http://127.0.0.1:{gateway.port}", "--time-scale", "200", "--quiet",
+        "--base-rate", "3", "--duration-min", "30", "--seed", "3", "--json", "-",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr  # parking and shedding are answers, not errors
+    payload = json.loads(result.stdout)
+    sessions = len(gateway.attempts)
+    assert sessions > 10
+    assert payload["parked_answers"] == sessions  # every session was parked once, then retried
+    assert payload["shed_fraction"] > 0.9  # measured sessions all reached their second call
+    assert payload["completed_fraction"] == 0
+    assert all(h["X-Session-ID"] for h in gateway.seen)
+    assert not any("X-Session-Final" in h for h in gateway.seen)  # no session reached its last call
+
+
+def test_replay_survives_the_emulator_dying(emulator_factory) -> None:  # type: ignore[no-untyped-def]
+    emulator = emulator_factory("--deployment", "h100-1p1d", "--time-scale", "20")
+    replay = subprocess.Popen(
+        [BASIN, "replay", "--target", emulator.url, "--time-scale", "20", "--base-rate", "6",
+         "--duration-min", "120", "--max-errors", "5", "--api", "sglang"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(4)
+    emulator.process.kill()
+    stdout, stderr = replay.communicate(timeout=60)
+    assert replay.returncode == 1, stderr
+    assert "Traceback" not in stderr + stdout
+    assert "stopped early: 5 errors" in stderr and "error: " in stderr
+    assert "goodput (sessions/h)" in stdout  # the partial summary still prints
+
+
+def test_ctrl_c_stops_with_a_partial_summary(emulator_factory) -> None:  # type: ignore[no-untyped-def]
+    emulator = emulator_factory("--deployment", "h100-1p1d", "--time-scale", "20")
+    replay = subprocess.Popen(
+        [BASIN, "replay", "--target", emulator.url, "--time-scale", "20", "--base-rate", "3",
+         "--duration-min", "120", "--quiet", "--json", "-"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(4)
+    replay.send_signal(signal.SIGINT)
+    stdout, stderr = replay.communicate(timeout=60)
+    assert replay.returncode == 130, stderr
+    payload: dict[str, Any] = json.loads(stdout)
+    assert payload["stopped_early"].startswith("interrupted")
+    assert 0 < payload["model_seconds"] < 120 * 60 and payload["answered"] > 0
+    assert "Traceback" not in stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--target", "localhost:30000", "--base-rate", "1"], "must be an http(s) URL"),
+        (["--target", "http://127.0.0.1:9", "--base-rate", "1", "--time-scale", "0"], "--time-scale"),
+        (["--target", "http://127.0.0.1:9", "--base-rate", "1", "--workload", "nope.jsonl"], "nope.jsonl"),
+    ],
+)
+def test_bad_options_are_one_line_errors(args: list[str], message: str) -> None:
+    result = run_basin("replay", *args, timeout=60)
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
