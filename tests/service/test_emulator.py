@@ -252,3 +252,19 @@ def test_bad_input_gets_400_with_a_json_error(small_emulator, route, body, messa
 def test_unknown_route_is_404_json(small_emulator) -> None:  # type: ignore[no-untyped-def]
     response = requests.get(f"{small_emulator.url}/no/such/route", timeout=10)
     assert response.status_code == 404 and response.json()["code"] == 404
+
+
+def test_lending_keeps_marked_prompts_on_decode(emulator_factory) -> None:  # type: ignore[no-untyped-def]
+    emulator = emulator_factory("--deployment", "h200-1p1d", "--time-scale", "50", "--lending")
+
+    def lent() -> float:
+        return sum(
+            v for (name, labels), v in _samples(emulator.url).items() if name == "sglang:basin_lent_tokens"
+        )
+
+    generate(emulator.url, tokens.output_ids(20, 4_000))  # unmarked: nothing lent
+    assert lent() == 0
+    body = {"input_ids": tokens.output_ids(21, 4_000), "sampling_params": {"max_new_tokens": 4}}
+    response = post(f"{emulator.url}/generate", body, headers={"X-Basin-Lend": "1", "X-Session-ID": "s1"})
+    assert response.status_code == 200
+    assert lent() == 62 * 64  # the prompt's full pages; the partial last page is not kept

@@ -89,9 +89,11 @@ def test_openai_replay_reuses_prefixes_through_the_chat_route(emulator_factory) 
 
 class GatewayStub:
     """A gateway-like server: it parks every session's first call once (429), serves it, then sheds
-    the session at its next call (503), recording the headers it saw."""
+    the session at its next call (503), recording the headers it saw. With `serve_all` it answers every
+    call at once."""
 
-    def __init__(self) -> None:
+    def __init__(self, serve_all: bool = False) -> None:
+        self.serve_all = serve_all
         self.seen: list[dict[str, str]] = []
         self.attempts: dict[str, int] = {}
         self.port = 0
@@ -103,9 +105,9 @@ class GatewayStub:
         session = request.headers["X-Session-ID"]
         self.seen.append(dict(request.headers))
         attempt = self.attempts[session] = self.attempts.get(session, 0) + 1
-        if attempt == 1:
+        if not self.serve_all and attempt == 1:
             return web.Response(status=429, headers={"Retry-After": "0.01"})
-        if attempt > 2:
+        if not self.serve_all and attempt > 2:
             return web.Response(status=503, headers={"X-Basin-Outcome": "shed"})
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
@@ -155,6 +157,24 @@ def test_429_parks_and_503_sheds(gateway: GatewayStub) -> None:
     assert payload["completed_fraction"] == 0
     assert all(h["X-Session-ID"] for h in gateway.seen)
     assert not any("X-Session-Final" in h for h in gateway.seen)  # no session reached its last call
+
+
+def test_every_call_names_its_session_and_the_last_is_marked_final() -> None:
+    stub = GatewayStub(serve_all=True)
+    stub.serve()
+    result = run_basin(
+        "replay", "--target", f"http://127.0.0.1:{stub.port}", "--time-scale", "500", "--quiet",
+        "--base-rate", "4", "--duration-min", "120", "--seed", "4", "--json", "-",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    payload = json.loads(result.stdout)
+    calls: dict[str, list[bool]] = {}
+    for headers in stub.seen:
+        calls.setdefault(headers["X-Session-ID"], []).append(headers.get("X-Session-Final") == "1")
+    finished = [marks for marks in calls.values() if any(marks)]
+    assert len(finished) >= 10
+    assert all(marks[-1] and not any(marks[:-1]) for marks in finished)  # only the last call is final
+    assert payload["parked_answers"] == payload["connection_errors"] == payload["failed_requests"] == 0
 
 
 def test_replay_survives_the_emulator_dying(emulator_factory) -> None:  # type: ignore[no-untyped-def]
