@@ -77,6 +77,15 @@ def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _without_defaults(node: Any) -> Any:
+    """Status is written by the operator only: defaults there mean nothing (and "" trips 1.20's checks)."""
+    if isinstance(node, dict):
+        return {k: _without_defaults(v) for k, v in node.items() if k != "default"}
+    if isinstance(node, list):
+        return [_without_defaults(v) for v in node]
+    return node
+
+
 def openapi_schema(model: type) -> dict[str, Any]:
     """The structural schema of a pydantic model, by its camelCase aliases."""
     raw = model.model_json_schema(by_alias=True, mode="validation")
@@ -86,7 +95,7 @@ def openapi_schema(model: type) -> dict[str, Any]:
 def build_crd() -> dict[str, Any]:
     """The CustomResourceDefinition: schema, printer columns, status and scale subresources."""
     spec_schema = openapi_schema(BasinDeploymentSpec)
-    status_schema = openapi_schema(BasinDeploymentStatus)
+    status_schema = _without_defaults(openapi_schema(BasinDeploymentStatus))
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",

@@ -246,7 +246,7 @@ def _profiling(
                 fingerprint=fingerprint,
                 state="fresh",
             )
-            profiling = last.model_copy(update={"state": "Succeeded", "message": "", "retry_at": None})
+            profiling = last.model_copy(update={"state": "Succeeded", "message": None, "retry_at": None})
             message = f"κ={profile.kappa:.3g}, λc={profile.lambda_c_per_min:.3g}/min from Job {last.job}"
             emit("Normal", "Profiled", message)
             logger.info(message)
@@ -294,9 +294,17 @@ def run_reconcile(name: str, namespace: str, body: Any, memo: Any, logger: Any) 
         try:
             reconcile(name, namespace, emit, logger)
         except (ApiException, DynamicApiError) as error:
-            status = getattr(error, "status", "?")
-            reason = getattr(error, "reason", "") or type(error).__name__
-            raise kopf.TemporaryError(f"API error {status} {reason}; retrying", delay=5) from None
+            raise kopf.TemporaryError(f"API error: {api_message(error)}; retrying", delay=5) from None
+
+
+def api_message(error: Exception) -> str:
+    """The apiserver's own message of a failed call (it names the object and field), else the status."""
+    body = getattr(error, "body", None)
+    try:
+        message = json.loads(body)["message"] if body else ""
+    except (ValueError, KeyError, TypeError):
+        message = ""
+    return f"{getattr(error, 'status', '?')} {message or getattr(error, 'reason', '') or type(error).__name__}"
 
 
 def register(registry: kopf.OperatorRegistry, resync_seconds: float) -> None:

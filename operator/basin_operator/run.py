@@ -62,6 +62,9 @@ def run_operator(
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> Any:
+        # The client library read $KUBECONFIG at import, before --kubeconfig set it: read the file directly.
+        if kubeconfig is not None:
+            return kopf.login_with_kubeconfig(**kwargs)
         return kopf.login_via_client(**kwargs)
 
     handlers.register(registry, resync_seconds)

@@ -299,7 +299,8 @@ class ProfilingStatus(ApiModel):
     attempt: int = Field(description="Attempt number for this fingerprint, from 1.")
     state: Literal["Running", "Succeeded", "Failed"] = Field(description="Running, Succeeded or Failed.")
     started_at: str = Field(description="When the Job was created (RFC 3339).")
-    message: str = Field("", description="Failure reason.")
+    # Never "": the 1.20 apiserver built from Debian's source decodes "" in custom resources as null.
+    message: str | None = Field(None, description="Failure reason.")
     retry_at: str | None = Field(None, description="When a failed attempt is retried (RFC 3339).")
 
 

@@ -333,7 +333,8 @@ def test_status_progresses_and_scale_reprofiles(
     set_pods_ready(cluster, namespace, "x", "decode", 1)
     set_pods_ready(cluster, namespace, "x", "router", 1)
     wait_condition(cluster, namespace, "x", "RouterReady", "True")
-    obj = wait_condition(cluster, namespace, "x", "GatewayReady", "False", "ReplicasNotReady")
+    obj = wait_condition(cluster, namespace, "x", "GatewayReady", "False")
+    assert condition(obj, "GatewayReady")["message"].startswith("0/1 gateway replicas ready")
     set_pods_ready(cluster, namespace, "x", "gateway", 1)
     obj = wait_condition(cluster, namespace, "x", "GatewayReady", "False", "RedisNotReady")
     set_pods_ready(cluster, namespace, "x", "redis", 1)
@@ -461,7 +462,7 @@ def test_drift_restart_and_garbage_collection(
     # A deleted child comes back; a hand-edited one is put back.
     old = cluster.apps.read_namespaced_deployment("x-prefill", namespace).metadata.uid
     cluster.apps.delete_namespaced_deployment("x-prefill", namespace)
-    cluster.core.delete_namespaced_service("x-router", namespace)
+    cluster.core.delete_namespaced_service("x-router", namespace, _preload_content=False)  # 1.20 answers a Status
     wait_for(
         lambda: cluster.apps.read_namespaced_deployment("x-prefill", namespace).metadata.uid != old,
         30,
@@ -492,9 +493,12 @@ def test_drift_restart_and_garbage_collection(
     operator_process.restart()
     log = operator_process.logs[-1]
     wait_for(
-        lambda: f"{namespace}/x" in log.read_text() and "Resuming is processed" in log.read_text(),
+        lambda: any(
+            "Resuming is processed: 1 succeeded" in line and f'"namespace": "{namespace}"' in line
+            for line in log.read_text().splitlines()
+        ),
         60,
-        "resume",
+        "the new operator to resume this object",
     )
     ticks = log.read_text().count("Timer 'resync' succeeded")
     wait_for(

@@ -41,7 +41,15 @@ for i in $(seq 1 120); do
 done
 [ -n "$ok" ] || { echo "apiserver not ready after 60 s; see $D/apiserver.log" >&2; exit 1; }
 echo "apiserver ready after ~$((i/2))s" >&2
-"$B/kube-controller-manager" --kubeconfig="$D/kubeconfig" --bind-address=127.0.0.1 --secure-port="$KCM_PORT" --leader-elect=false \
+"$B/kube-controller-manager" --kubeconfig="$D/kubeconfig" --bind-address=127.0.0.1 --secure-port="$KCM_PORT" --port=0 --leader-elect=false \
   --service-account-private-key-file=pki/sa.key --root-ca-file=pki/ca.crt --use-service-account-credentials=true \
   --controllers='*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle,-route,-service' > "$D/kcm.log" 2>&1 & echo $! > "$D/kcm.pid"
+# --port=0: no insecure port (its fixed 10252 would collide with another cluster on this machine).
+ok=""
+for i in $(seq 1 120); do
+  curl -sk --max-time 1 "https://127.0.0.1:$KCM_PORT/healthz" >/dev/null 2>&1 && { ok=1; break; }
+  ps -p "$(cat "$D/kcm.pid")" >/dev/null || break
+  sleep 0.5
+done
+[ -n "$ok" ] || { echo "controller-manager not healthy; see $D/kcm.log:" >&2; tail -3 "$D/kcm.log" >&2; exit 1; }
 echo "$D/kubeconfig"
