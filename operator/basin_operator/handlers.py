@@ -304,7 +304,8 @@ def api_message(error: Exception) -> str:
         message = json.loads(body)["message"] if body else ""
     except (ValueError, KeyError, TypeError):
         message = ""
-    return f"{getattr(error, 'status', '?')} {message or getattr(error, 'reason', '') or type(error).__name__}"
+    reason = message or getattr(error, "reason", "") or type(error).__name__
+    return f"{getattr(error, 'status', '?')} {reason}"
 
 
 def register(registry: kopf.OperatorRegistry, resync_seconds: float) -> None:

@@ -462,7 +462,8 @@ def test_drift_restart_and_garbage_collection(
     # A deleted child comes back; a hand-edited one is put back.
     old = cluster.apps.read_namespaced_deployment("x-prefill", namespace).metadata.uid
     cluster.apps.delete_namespaced_deployment("x-prefill", namespace)
-    cluster.core.delete_namespaced_service("x-router", namespace, _preload_content=False)  # 1.20 answers a Status
+    # 1.20 answers a Status, which this client cannot read as a Service: skip decoding.
+    cluster.core.delete_namespaced_service("x-router", namespace, _preload_content=False)
     wait_for(
         lambda: cluster.apps.read_namespaced_deployment("x-prefill", namespace).metadata.uid != old,
         30,
