@@ -90,6 +90,7 @@ class OperatorProcess:
     folder: Path
     process: subprocess.Popen | None = None
     logs: list[Path] = field(default_factory=list)
+    liveness_port: int = field(default_factory=free_port)
 
     def start(self) -> None:
         log = self.folder / f"operator-{len(self.logs)}.log"
@@ -103,6 +104,8 @@ class OperatorProcess:
             "--resync-seconds",
             str(RESYNC_SECONDS),
             "--log-json",
+            "--liveness",
+            f"http://127.0.0.1:{self.liveness_port}/healthz",
         ]
         self.process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
         wait_for(lambda: "basin operator watching" in log.read_text(), 60, "the operator to start")

@@ -7,6 +7,7 @@ import copy
 import json
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -541,3 +542,10 @@ def test_operator_is_not_cluster_admin(cluster: Cluster, operator_process: Opera
         (Path(__file__).resolve().parents[2] / "operator/deploy/clusterrole.yaml").read_text()
     )
     assert all("*" not in rule["verbs"] and "*" not in rule["resources"] for rule in role["rules"])
+
+
+def test_liveness_probe_answers(operator_process: OperatorProcess) -> None:
+    """`--liveness` serves kopf's probe (a deployment's livenessProbe restarts a deaf operator)."""
+    url = f"http://127.0.0.1:{operator_process.liveness_port}/healthz"
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        assert answer.status == 200
