@@ -25,6 +25,7 @@ from basin_operator.spec import BasinDeploymentSpec, BasinDeploymentStatus, Prof
 from basin_operator.state import (
     Readiness,
     backoff_seconds,
+    choose_attempt,
     classify,
     job_state,
     now_utc,
@@ -105,7 +106,10 @@ def reconcile(name: str, namespace: str, emit: Emit, logger: Any) -> None:
             emit("Warning", "InvalidSpec", message)
             logger.warning(f"invalid spec: {message}")
         conditions = set_condition(conditions, "Ready", False, "InvalidSpec", message, now, generation)
-        _write_status(obj, raw_status, {"observedGeneration": generation, "phase": "Invalid"}, conditions)
+        # Keep what was observed (the profile, the last Job): the children still run as last reconciled.
+        kept = {k: v for k, v in raw_status.items() if k != "conditions"}
+        kept.update(observedGeneration=generation, phase="Invalid")
+        _write_status(obj, raw_status, kept, conditions)
         return
 
     for manifest in builders.build_children(name, namespace, spec):
@@ -211,14 +215,20 @@ def _profiling(
         if last is not None and last.state == "Running" and last.fingerprint != fingerprint:
             kube.delete("batch/v1", "Job", last.job, namespace)
             emit("Normal", "ProfilingSuperseded", f"deleted Job {last.job}: the deployment changed shape")
-        manifest = builders.build_profile_job(
-            name, namespace, spec, fingerprint, prefill, decode, action.attempt
-        )
+        selector = f"{builders.selector_string(name, 'profiler')},{c.LABEL_FINGERPRINT}={fingerprint}"
+        existing = {
+            int(job["metadata"]["name"].rsplit("-", 1)[1]): job_state(job)
+            for job in kube.list_objects("batch/v1", "Job", namespace, selector)
+            if not job["metadata"].get("deletionTimestamp")
+        }
+        fresh = last is None or last.fingerprint != fingerprint
+        attempt, needed = choose_attempt(action.attempt, fresh, existing)
+        manifest = builders.build_profile_job(name, namespace, spec, fingerprint, prefill, decode, attempt)
         kopf.adopt(manifest, owner=obj)
         job_name = manifest["metadata"]["name"]
-        if kube.create(manifest):
+        if needed and kube.create(manifest):
             message = (
-                f"started Job {job_name} (attempt {action.attempt}, {action.trigger}):"
+                f"started Job {job_name} (attempt {attempt}, {action.trigger}):"
                 f" {prefill} prefill + {decode} decode replicas"
             )
             emit("Normal", "ProfilingStarted", message)
@@ -229,7 +239,7 @@ def _profiling(
             prefill_replicas=prefill,
             decode_replicas=decode,
             trigger=action.trigger,
-            attempt=action.attempt,
+            attempt=attempt,
             state="Running",
             started_at=rfc3339(now),
         )

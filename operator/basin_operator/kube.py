@@ -91,6 +91,12 @@ def ensure(manifest: Manifest) -> str:
     return "updated"
 
 
+def list_objects(api_version: str, kind: str, namespace: str, selector: str) -> list[Manifest]:
+    """Objects of a kind in a namespace by label selector."""
+    found = _resource(api_version, kind).get(namespace=namespace, label_selector=selector).to_dict()
+    return list(found.get("items") or [])
+
+
 def create(manifest: Manifest) -> bool:
     """Create once; False when an object of that name already exists."""
     try:

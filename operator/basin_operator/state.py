@@ -146,6 +146,18 @@ def plan_profiling(
     return ProfilingAction("none", last.attempt, last.trigger)
 
 
+def choose_attempt(planned: int, fresh: bool, existing: dict[int, str | None]) -> tuple[int, bool]:
+    """The attempt to run and whether its Job must be created, given this fingerprint's existing Jobs
+    (attempt -> job_state). A fresh start adopts a Job still running for the fingerprint (an operator that
+    stopped before recording it) and otherwise numbers past old ones (a shape measured before)."""
+    if fresh and existing:
+        running = [n for n, state in existing.items() if state == "running"]
+        if running:
+            return max(running), False
+        return max(planned, max(existing) + 1), True
+    return planned, planned not in existing
+
+
 def job_state(job: dict | None) -> str | None:
     """'running', 'succeeded' or 'failed: <reason>' from a Job's status conditions (None: no Job)."""
     if job is None:

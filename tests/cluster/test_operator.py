@@ -395,6 +395,19 @@ def test_status_progresses_and_scale_reprofiles(
     row = table.splitlines()[1].split()
     assert row[:5] == ["x", "2", "3", "1.4", "stale"]
 
+    # Back to a shape measured before: a new Job for it, numbered past the old one, not the old one adopted.
+    cluster.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "x", {"spec": {"decode": {"replicas": 1}}}
+    )
+    fourth = running_job(cluster, namespace, "x", exclude=(first["job"], second["job"], third["job"]))
+    assert (fourth["fingerprint"], fourth["attempt"]) == (second["fingerprint"], 2)
+
+    def job_names() -> list[str]:
+        return [job.metadata.name for job in cluster.batch.list_namespaced_job(namespace).items]
+
+    wait_for(lambda: third["job"] not in job_names(), 30, "the superseded Job to be deleted")
+    assert "ProfilingSuperseded" in event_reasons(cluster, namespace, "x")
+
 
 def kubectl(cluster: Cluster, *args: str) -> str:
     binary = Path.home() / ".cache" / "basin-k8s" / "bin" / "kubectl"

@@ -10,6 +10,7 @@ from basin_operator.handlers import spec_problems
 from basin_operator.spec import BasinDeploymentSpec, ProfilingStatus
 from basin_operator.state import (
     backoff_seconds,
+    choose_attempt,
     classify,
     job_state,
     observe_ready,
@@ -139,3 +140,15 @@ def test_fluid_classification_of_the_spec() -> None:
         spec(prefill={"replicas": 4, "hicache": {"hostRatio": 10}}, decode={"replicas": 1})
     )
     assert many_prefill[0] == "decode-first"
+
+
+def test_attempt_numbering_never_duplicates_a_job() -> None:
+    assert choose_attempt(1, True, {}) == (1, True)
+    # An operator that stopped before recording its Job adopts it instead of starting another.
+    assert choose_attempt(1, True, {1: "running"}) == (1, False)
+    # A shape measured before: number past its old Jobs.
+    assert choose_attempt(1, True, {1: "succeeded", 2: "failed: x"}) == (3, True)
+    # The same run: a deleted Job is recreated under its name; a retry takes the next number.
+    assert choose_attempt(2, False, {}) == (2, True)
+    assert choose_attempt(2, False, {2: "running"}) == (2, False)
+    assert choose_attempt(3, False, {1: "failed: x", 2: "failed: y"}) == (3, True)
