@@ -9,6 +9,7 @@ timer and the change handlers.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import threading
 from collections.abc import Callable
@@ -21,7 +22,13 @@ from pydantic import ValidationError
 
 from basin_operator import builders, kube
 from basin_operator import constants as c
-from basin_operator.spec import BasinDeploymentSpec, BasinDeploymentStatus, ProfileStatus, ProfilingStatus
+from basin_operator.spec import (
+    BasinDeploymentSpec,
+    BasinDeploymentStatus,
+    ProfileStatus,
+    ProfilingStatus,
+    ReadyObservation,
+)
 from basin_operator.state import (
     Readiness,
     backoff_seconds,
@@ -30,7 +37,6 @@ from basin_operator.state import (
     job_state,
     now_utc,
     observe_ready,
-    parse_time,
     plan_profiling,
     rfc3339,
     set_condition,
@@ -199,8 +205,8 @@ def _profiling(
     spec: BasinDeploymentSpec,
     obj: dict[str, Any],
     current: BasinDeploymentStatus,
-    ready_seen: Any,
-    now: Any,
+    ready_seen: ReadyObservation,
+    now: dt.datetime,
     emit: Emit,
     logger: Any,
 ) -> tuple[ProfilingStatus | None, ProfileStatus | None]:
@@ -262,7 +268,7 @@ def _profiling(
             logger.info(message)
     if action.kind == "fail" and last is not None:
         delay = backoff_seconds(spec, action.attempt)
-        retry_at = rfc3339(now + _seconds(delay))
+        retry_at = rfc3339(now + dt.timedelta(seconds=delay))
         profiling = last.model_copy(
             update={"state": "Failed", "message": action.message, "retry_at": retry_at}
         )
@@ -273,12 +279,6 @@ def _profiling(
         state = "fresh" if profile.fingerprint == fingerprint else "stale"
         profile = profile.model_copy(update={"state": state})
     return profiling, profile
-
-
-def _seconds(value: float) -> Any:
-    import datetime as dt
-
-    return dt.timedelta(seconds=value)
 
 
 def _write_status(
@@ -333,6 +333,3 @@ def register(registry: kopf.OperatorRegistry, resync_seconds: float) -> None:
     )
     def on_timer(name: str, namespace: str, body: Any, memo: Any, logger: Any, **_: Any) -> None:
         run_reconcile(name, namespace, body, memo, logger)
-
-
-__all__ = ["parse_time", "reconcile", "register", "spec_problems"]

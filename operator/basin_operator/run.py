@@ -14,7 +14,7 @@ from basin_operator import constants as c
 from basin_operator import handlers, kube
 
 
-def configure_settings(settings: kopf.OperatorSettings, log_json: bool) -> None:
+def configure_settings(settings: kopf.OperatorSettings) -> None:
     """Progress in annotations (a structural status would prune `status.kopf` and rerun handlers),
     bounded watches (a silent stream otherwise leaves the operator deaf), events for every action."""
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.PREFIX)
@@ -57,7 +57,7 @@ def run_operator(
 
     @kopf.on.startup(registry=registry)
     def startup(settings: kopf.OperatorSettings, logger: Any, **_: Any) -> None:
-        configure_settings(settings, log_json)
+        configure_settings(settings)
         logger.info(f"basin operator watching {', '.join(namespaces) or 'all namespaces'}")
 
     @kopf.on.login(registry=registry)
