@@ -1,15 +1,15 @@
 # The two set-up commands of the README: `make demo` (main job, embedded default) and `make test`.
-# Both create .venv on first use and install Basin into it with its dev extras.
+# Both create .venv on first use and install Basin into it with its dev and operator extras.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint venv clean
+.PHONY: demo test lint venv clean crds
 
 $(BIN)/basin: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,operator]'
 	touch $@
 
 venv: $(BIN)/basin
@@ -27,6 +27,10 @@ lint: venv
 
 test: lint
 	$(BIN)/python -m pytest
+
+# The BasinDeployment CRD is generated from the operator's pydantic models; a unit test checks crds/ matches.
+crds: venv
+	$(BIN)/basin operator crd --out crds/basindeployment.yaml
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1060,6 +1060,72 @@ def _print_summary(payload: dict, title: str | None = None, extra: list[tuple[st
     _console().print(table)
 
 
+@cli.group("operator")
+def operator_group() -> None:
+    """The Kubernetes operator for BasinDeployment resources (needs the `operator` extra)."""
+
+
+@operator_group.command("run")
+@click.option(
+    "--kubeconfig", default=None, metavar="FILE", help="Kubeconfig; default: in-cluster, then $KUBECONFIG."
+)
+@click.option(
+    "--namespace",
+    "namespaces",
+    multiple=True,
+    metavar="NS",
+    help="Watch this namespace (repeatable); default: every namespace.",
+)
+@click.option(
+    "--resync-seconds",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="Interval of the reconcile timer (drift, child readiness, profiling Jobs).",
+)
+@click.option("--log-json", is_flag=True, help="Structured JSON log lines.")
+@click.option("--verbose", is_flag=True, help="Debug logging.")
+@click.option(
+    "--liveness",
+    default=None,
+    metavar="URL",
+    help="Serve a liveness probe, e.g. http://0.0.0.0:8080/healthz.",
+)
+def operator_run(
+    kubeconfig: str | None,
+    namespaces: tuple[str, ...],
+    resync_seconds: float,
+    log_json: bool,
+    verbose: bool,
+    liveness: str | None,
+) -> None:
+    """Run the operator: BasinDeployments become engines, router, gateway, Redis and profiling Jobs."""
+    try:
+        from basin_operator.run import run_operator
+    except ImportError as exc:
+        raise BasinError(
+            f"the operator needs the `operator` extra (pip install 'basin[operator]'): {exc}"
+        ) from None
+    run_operator(kubeconfig, namespaces, resync_seconds, log_json, verbose, liveness)
+
+
+@operator_group.command("crd")
+@click.option("--out", default="-", show_default=True, metavar="FILE|-", help="Where to write the CRD YAML.")
+def operator_crd(out: str) -> None:
+    """Print the BasinDeployment CRD generated from the spec models (crds/basindeployment.yaml)."""
+    try:
+        from basin_operator.crd import render_crd
+    except ImportError as exc:
+        raise BasinError(
+            f"the operator needs the `operator` extra (pip install 'basin[operator]'): {exc}"
+        ) from None
+    text = render_crd()
+    if out == "-":
+        click.echo(text, nl=False)
+    else:
+        _writable(out).write_text(text)
+
+
 def main() -> None:
     try:
         code = cli.main(standalone_mode=False)

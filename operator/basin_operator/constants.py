@@ -1,0 +1,56 @@
+"""Names the operator and its children share: API group, labels, annotations, child-name templates."""
+
+from __future__ import annotations
+
+GROUP = "basin.dev"
+VERSION = "v1alpha1"
+KIND = "BasinDeployment"
+PLURAL = "basindeployments"
+SINGULAR = "basindeployment"
+SHORT_NAMES = ["bd"]
+
+# One domain prefix for every label and annotation the operator writes.
+PREFIX = GROUP
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_PART_OF = "app.kubernetes.io/part-of"
+MANAGED_BY = "basin-operator"
+LABEL_ROLE = f"{PREFIX}/role"  # prefill or decode: what the router's service discovery selects on
+LABEL_FINGERPRINT = f"{PREFIX}/profile-fingerprint"
+ANNOTATION_SPEC_HASH = f"{PREFIX}/spec-hash"  # children are patched only when their built spec changes
+
+# SGLang's router reads a prefill pod's bootstrap port from this annotation (sglang-router defaults).
+BOOTSTRAP_PORT_ANNOTATION = "sglang.ai/bootstrap-port"
+
+# Ports of the children.
+ENGINE_PORT = 30000
+BOOTSTRAP_PORT = 8998
+ROUTER_PORT = 8000
+ROUTER_METRICS_PORT = 29000
+GATEWAY_PORT = 8080
+REDIS_PORT = 6379
+
+# The profile ConfigMap: the profiling Job writes PROFILE_KEY, the gateway mounts it at PROFILE_MOUNT.
+PROFILE_KEY = "profile.json"
+PROFILE_MOUNT = "/etc/basin/profile"
+PREDICTOR_MOUNT = "/etc/basin/predictor"
+
+# SGLang loads general plugins from installed entry points; this whitelists the Basin engine extension.
+ENGINE_PLUGIN_ENV = "SGLANG_PLUGINS"
+ENGINE_PLUGIN = "basin_engine_ext"
+
+# The longest child name is "<name>-profile-<10 hex>-<attempt>"; Job pods carry it in a 63-character label.
+MAX_NAME_LENGTH = 40
+
+COMPONENTS = ("prefill", "decode", "router", "gateway", "redis", "profiler")
+
+
+def child_name(parent: str, component: str) -> str:
+    """The one template for child names: `<parent>-<component>`."""
+    return f"{parent}-{component}"
+
+
+def object_key(namespace: str, name: str) -> str:
+    """The one composite key of a namespaced object (memo entries, logs)."""
+    return f"{namespace}/{name}"

@@ -1,0 +1,335 @@
+"""kopf handlers: one idempotent reconcile, run on create/update/resume and on a resync timer.
+
+The reconcile reads the BasinDeployment fresh, builds every child (`builders`), creates what is missing
+(a deleted child comes back) and replaces what drifted from the built spec, starts or collects the
+profiling Job (`state.plan_profiling`), and writes the status. Child and Job names are deterministic, so a
+restarted operator finds what it made instead of duplicating it. A per-object lock in `memo` serializes the
+timer and the change handlers.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import kopf
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic.exceptions import DynamicApiError
+from pydantic import ValidationError
+
+from basin_operator import builders, kube
+from basin_operator import constants as c
+from basin_operator.spec import (
+    BasinDeploymentSpec,
+    BasinDeploymentStatus,
+    ProfileStatus,
+    ProfilingStatus,
+    ReadyObservation,
+)
+from basin_operator.state import (
+    Readiness,
+    backoff_seconds,
+    choose_attempt,
+    classify,
+    job_state,
+    now_utc,
+    observe_ready,
+    plan_profiling,
+    rfc3339,
+    set_condition,
+    target_shape,
+)
+
+Emit = Callable[[str, str, str], None]  # (type, reason, message)
+
+
+def spec_problems(name: str, raw: dict[str, Any]) -> tuple[BasinDeploymentSpec | None, list[str]]:
+    """The parsed spec, or the problems that stop reconciling it, each naming its field."""
+    problems = []
+    if len(name) > c.MAX_NAME_LENGTH:
+        problems.append(f"metadata.name: at most {c.MAX_NAME_LENGTH} characters (child names extend it)")
+    try:
+        spec = BasinDeploymentSpec.model_validate(raw)
+    except ValidationError as error:
+        for item in error.errors():
+            where = ".".join(str(part) for part in ("spec", *item["loc"]))
+            problems.append(f"{where}: {item['msg']}")
+        return None, problems
+    problems += spec.check()
+    return (spec if not problems else None), problems
+
+
+def _readiness(kind: str, name: str, namespace: str, desired: int) -> Readiness:
+    child = kube.get("apps/v1", kind, name, namespace)
+    if child is None:
+        return Readiness(None, desired)
+    return Readiness(int((child.get("status") or {}).get("readyReplicas") or 0), desired)
+
+
+def _collect_profile(name: str, namespace: str, fingerprint: str) -> tuple[dict | None, str]:
+    """The profile the Job wrote into the ConfigMap, if it is for this fingerprint."""
+    configmap = kube.get("v1", "ConfigMap", c.child_name(name, "profile"), namespace)
+    text = ((configmap or {}).get("data") or {}).get(c.PROFILE_KEY)
+    if not text:
+        return None, f"the Job succeeded but ConfigMap {c.child_name(name, 'profile')} has no {c.PROFILE_KEY}"
+    try:
+        profile = json.loads(text)
+        kappa, lambda_c = float(profile["kappa"]), float(profile["lambda_c_per_min"])
+    except (ValueError, KeyError, TypeError) as error:
+        return None, f"{c.PROFILE_KEY} is not a profile ({error!r})"
+    if profile.get("fingerprint") != fingerprint:
+        return (
+            None,
+            f"{c.PROFILE_KEY} is for fingerprint {profile.get('fingerprint')!r}, expected {fingerprint!r}",
+        )
+    if not (kappa > 0 and lambda_c > 0):
+        return None, f"{c.PROFILE_KEY} has non-positive kappa or lambda_c_per_min"
+    return profile, ""
+
+
+def reconcile(name: str, namespace: str, emit: Emit, logger: Any) -> None:
+    """One pass over one BasinDeployment; safe to repeat at any time."""
+    obj = kube.get_basin_deployment(name, namespace)
+    if obj is None or obj["metadata"].get("deletionTimestamp"):
+        return
+    now = now_utc()
+    generation = obj["metadata"].get("generation")
+    raw_status = obj.get("status") or {}
+    try:
+        current = BasinDeploymentStatus.model_validate(raw_status)
+    except ValidationError:
+        logger.warning("status unreadable; rebuilding it")
+        current = BasinDeploymentStatus()
+    conditions = list(current.conditions)
+    spec, problems = spec_problems(name, obj.get("spec") or {})
+    if spec is None:
+        message = "; ".join(problems)
+        previous = next((x for x in conditions if x.type == "Ready"), None)
+        if previous is None or previous.message != message:
+            emit("Warning", "InvalidSpec", message)
+            logger.warning(f"invalid spec: {message}")
+        conditions = set_condition(conditions, "Ready", False, "InvalidSpec", message, now, generation)
+        # Keep what was observed (the profile, the last Job): the children still run as last reconciled.
+        kept = {k: v for k, v in raw_status.items() if k != "conditions"}
+        kept.update(observedGeneration=generation, phase="Invalid")
+        _write_status(obj, raw_status, kept, conditions)
+        return
+
+    for manifest in builders.build_children(name, namespace, spec):
+        kopf.adopt(manifest, owner=obj)
+        result = kube.ensure(manifest)
+        if result != "unchanged":
+            what = f"{manifest['kind']} {manifest['metadata']['name']}"
+            emit("Normal", result.capitalize(), f"{result} {what}")
+            logger.info(f"{result} {what}")
+
+    wanted = {"prefill": spec.prefill.replicas, "decode": spec.decode.replicas, "router": 1}
+    wanted["gateway"] = spec.gateway.replicas
+    parts = {
+        f"{what.capitalize()}Ready": (
+            what,
+            _readiness("Deployment", c.child_name(name, what), namespace, count),
+        )
+        for what, count in wanted.items()
+    }
+    redis = None
+    if spec.redis.mode == "managed":
+        redis = _readiness("StatefulSet", c.child_name(name, "redis"), namespace, 1)
+    for kind, (what, readiness) in parts.items():
+        reason, message = readiness.describe(what)
+        ok = readiness.ok
+        if kind == "GatewayReady" and redis is not None and not redis.ok:
+            ok, reason = False, "RedisNotReady"
+            message = f"{message}; {redis.describe('redis')[1]}"
+        conditions = set_condition(conditions, kind, ok, reason, message, now, generation)
+
+    prefill_ready = parts["PrefillReady"][1].ready or 0
+    decode_ready = parts["DecodeReady"][1].ready or 0
+    ready_seen = observe_ready(current.ready_observed, prefill_ready, decode_ready, spec, now)
+    profiling, profile = _profiling(name, namespace, spec, obj, current, ready_seen, now, emit, logger)
+
+    fresh = profile is not None and profile.state == "fresh"
+    if fresh:
+        message = "the profile matches the deployment"
+        conditions = set_condition(conditions, "Profiled", True, "ProfileFresh", message, now, generation)
+    elif profiling is not None and profiling.state == "Failed":
+        retry = f"; retry at {profiling.retry_at}" if profiling.retry_at else ""
+        message = f"Job {profiling.job} failed: {profiling.message}{retry}"
+        conditions = set_condition(conditions, "Profiled", False, "ProfilingFailed", message, now, generation)
+    else:
+        job = profiling.job if profiling is not None else "none"
+        stale = "the profile is stale; " if profile is not None else ""
+        message = f"{stale}profiling Job {job} is running"
+        conditions = set_condition(conditions, "Profiled", False, "Profiling", message, now, generation)
+
+    waiting = [kind for kind in parts if next(x for x in conditions if x.type == kind).status != "True"]
+    if waiting:
+        ready, reason, message = False, "ChildrenNotReady", "not ready: " + ", ".join(waiting)
+    elif profile is None:
+        ready, reason, message = False, "NotProfiled", "waiting for the first profile"
+    else:
+        ready, reason, message = True, "Ready", f"serving with a {profile.state} profile"
+    conditions = set_condition(conditions, "Ready", ready, reason, message, now, generation)
+    if not ready:
+        phase = "Pending"
+    elif fresh:
+        phase = "Ready"
+    else:
+        phase = "ProfilingFailed" if profiling is not None and profiling.state == "Failed" else "Profiling"
+
+    first_limit, peak = classify(spec)
+    status = BasinDeploymentStatus(
+        observed_generation=generation,
+        phase=phase,
+        conditions=conditions,
+        prefill_replicas=prefill_ready,
+        decode_replicas=decode_ready,
+        prefill_selector=builders.selector_string(name, "prefill"),
+        ready_observed=ready_seen,
+        profile=profile,
+        profiling=profiling,
+        first_limit=first_limit,
+        peak_departures_per_min=round(peak, 3),
+    )
+    payload = status.model_dump(by_alias=True, exclude_none=True, mode="json")
+    payload.pop("conditions")
+    _write_status(obj, raw_status, payload, conditions)
+
+
+def _profiling(
+    name: str,
+    namespace: str,
+    spec: BasinDeploymentSpec,
+    obj: dict[str, Any],
+    current: BasinDeploymentStatus,
+    ready_seen: ReadyObservation,
+    now: dt.datetime,
+    emit: Emit,
+    logger: Any,
+) -> tuple[ProfilingStatus | None, ProfileStatus | None]:
+    """Start, watch, collect or retry the profiling Job; returns the new profiling and profile status."""
+    last, profile = current.profiling, current.profile
+    prefill, decode, trigger = target_shape(spec, ready_seen, last, now)
+    fingerprint = builders.profile_fingerprint(spec, prefill, decode)
+    job = kube.get("batch/v1", "Job", last.job, namespace) if last is not None else None
+    action = plan_profiling(fingerprint, trigger, last, job_state(job), now)
+    profiling = last
+    if action.kind == "start":
+        if last is not None and last.state == "Running" and last.fingerprint != fingerprint:
+            kube.delete("batch/v1", "Job", last.job, namespace)
+            emit("Normal", "ProfilingSuperseded", f"deleted Job {last.job}: the deployment changed shape")
+        selector = f"{builders.selector_string(name, 'profiler')},{c.LABEL_FINGERPRINT}={fingerprint}"
+        existing = {
+            int(job["metadata"]["name"].rsplit("-", 1)[1]): job_state(job)
+            for job in kube.list_objects("batch/v1", "Job", namespace, selector)
+            if not job["metadata"].get("deletionTimestamp")
+        }
+        fresh = last is None or last.fingerprint != fingerprint
+        attempt, needed = choose_attempt(action.attempt, fresh, existing)
+        manifest = builders.build_profile_job(name, namespace, spec, fingerprint, prefill, decode, attempt)
+        kopf.adopt(manifest, owner=obj)
+        job_name = manifest["metadata"]["name"]
+        if needed and kube.create(manifest):
+            message = (
+                f"started Job {job_name} (attempt {attempt}, {action.trigger}):"
+                f" {prefill} prefill + {decode} decode replicas"
+            )
+            emit("Normal", "ProfilingStarted", message)
+            logger.info(message)
+        profiling = ProfilingStatus(
+            job=job_name,
+            fingerprint=fingerprint,
+            prefill_replicas=prefill,
+            decode_replicas=decode,
+            trigger=action.trigger,
+            attempt=attempt,
+            state="Running",
+            started_at=rfc3339(now),
+        )
+    elif action.kind == "collect" and last is not None:
+        data, problem = _collect_profile(name, namespace, fingerprint)
+        if data is None:
+            action = type(action)("fail", action.attempt, action.trigger, problem)
+        else:
+            profiled_at = str(data.get("profiled_at") or rfc3339(now))
+            profile = ProfileStatus(
+                kappa=float(data["kappa"]),
+                lambda_c_per_min=float(data["lambda_c_per_min"]),
+                profiled_at=profiled_at,
+                fingerprint=fingerprint,
+                state="fresh",
+            )
+            profiling = last.model_copy(update={"state": "Succeeded", "message": None, "retry_at": None})
+            message = f"κ={profile.kappa:.3g}, λc={profile.lambda_c_per_min:.3g}/min from Job {last.job}"
+            emit("Normal", "Profiled", message)
+            logger.info(message)
+    if action.kind == "fail" and last is not None:
+        delay = backoff_seconds(spec, action.attempt)
+        retry_at = rfc3339(now + dt.timedelta(seconds=delay))
+        profiling = last.model_copy(
+            update={"state": "Failed", "message": action.message, "retry_at": retry_at}
+        )
+        message = f"Job {last.job} failed: {action.message}; retry in {delay} s"
+        emit("Warning", "ProfilingFailed", message)
+        logger.warning(message)
+    if profile is not None:
+        state = "fresh" if profile.fingerprint == fingerprint else "stale"
+        profile = profile.model_copy(update={"state": state})
+    return profiling, profile
+
+
+def _write_status(
+    obj: dict[str, Any], before: dict[str, Any], payload: dict[str, Any], conditions: list
+) -> None:
+    """Patch only what changed (every write is a watch event); keys no longer set are removed."""
+    after = dict(payload)
+    after["conditions"] = [x.model_dump(by_alias=True, exclude_none=True) for x in conditions]
+    patch = {key: value for key, value in after.items() if before.get(key) != value}
+    patch.update({key: None for key in before if key not in after})
+    if patch:
+        kube.patch_status(obj["metadata"]["name"], obj["metadata"]["namespace"], patch)
+
+
+def run_reconcile(name: str, namespace: str, body: Any, memo: Any, logger: Any) -> None:
+    """The handlers' shared body: one lock per object, API errors retried by kopf without a traceback."""
+
+    def emit(kind: str, reason: str, message: str) -> None:
+        kopf.event(body, type=kind, reason=reason, message=message)
+
+    lock = memo.setdefault("lock", threading.Lock())
+    with lock:
+        try:
+            reconcile(name, namespace, emit, logger)
+        except (ApiException, DynamicApiError) as error:
+            raise kopf.TemporaryError(f"API error: {api_message(error)}; retrying", delay=5) from None
+
+
+def api_message(error: Exception) -> str:
+    """The apiserver's own message of a failed call (it names the object and field), else the status."""
+    body = getattr(error, "body", None)
+    try:
+        message = json.loads(body)["message"] if body else ""
+    except (ValueError, KeyError, TypeError):
+        message = ""
+    reason = message or getattr(error, "reason", "") or type(error).__name__
+    return f"{getattr(error, 'status', '?')} {reason}"
+
+
+def register(registry: kopf.OperatorRegistry, resync_seconds: float) -> None:
+    """Attach the handlers to `registry`; the resync interval is a run option, so registration is a call."""
+    resource = (c.GROUP, c.VERSION, c.PLURAL)
+
+    @kopf.on.resume(*resource, id="reconcile", registry=registry)
+    @kopf.on.create(*resource, id="reconcile", registry=registry)
+    @kopf.on.update(*resource, id="reconcile", registry=registry, field="spec")
+    def on_change(name: str, namespace: str, body: Any, memo: Any, logger: Any, **_: Any) -> None:
+        run_reconcile(name, namespace, body, memo, logger)
+
+    @kopf.timer(
+        *resource, id="resync", registry=registry, interval=resync_seconds, initial_delay=resync_seconds
+    )
+    def on_timer(name: str, namespace: str, body: Any, memo: Any, logger: Any, **_: Any) -> None:
+        run_reconcile(name, namespace, body, memo, logger)

@@ -1,0 +1,336 @@
+"""The BasinDeployment API: pydantic models, the one source of truth for the CRD schema and for parsing.
+
+`basin_operator.crd` turns these models into the CRD's structural OpenAPI schema (defaults, minimums,
+enums, descriptions); the handlers parse `.spec` with them. Cross-field rules the apiserver of
+Kubernetes 1.20 cannot express without CEL live in `BasinDeploymentSpec.check`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from basin.policy.basin import BasinConfig
+
+_DEFAULTS = BasinConfig()  # the paper's controller defaults (§6.6): one source of truth
+
+
+class ApiModel(BaseModel):
+    """camelCase on the wire, snake_case in Python; unknown fields are an error when parsing."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+Quantity = int | str  # a Kubernetes quantity ("500m", "16Gi", 2): int-or-string in the schema
+
+
+class Resources(ApiModel):
+    """Container resource requests and limits, as in a Pod spec."""
+
+    requests: dict[str, Quantity] = Field(default_factory=dict, description="Resource requests.")
+    limits: dict[str, Quantity] = Field(default_factory=dict, description="Resource limits.")
+
+
+class Toleration(ApiModel):
+    """A Pod toleration (for GPU-node taints)."""
+
+    key: str | None = Field(None, description="Taint key the toleration applies to; empty matches all.")
+    operator: Literal["Exists", "Equal"] = Field("Equal", description="Exists or Equal.")
+    value: str | None = Field(None, description="Taint value to match with operator Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="Taint effect to match; empty matches all effects."
+    )
+    toleration_seconds: int | None = Field(
+        None, description="How long a NoExecute taint is tolerated before eviction."
+    )
+
+
+class ModelSpec(ApiModel):
+    """The served model."""
+
+    path: str = Field(min_length=1, description="Model name on the Hugging Face hub or a path in the image.")
+    served_name: str | None = Field(
+        None, description="Model name clients send (SGLang --served-model-name); defaults to the path."
+    )
+
+
+class Images(ApiModel):
+    """Container images of the children."""
+
+    engine: str = Field(
+        "lmsysorg/sglang:v0.5.23", min_length=1, description="SGLang image with the Basin engine extension."
+    )
+    basin: str = Field(
+        "ghcr.io/basin-project/basin:0.1.0",
+        min_length=1,
+        description="Basin image: gateway (`basin gateway`) and profiler (`python -m basin_profiler`).",
+    )
+    redis: str = Field("redis:7.4-alpine", min_length=1, description="Image of the managed Redis.")
+    pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="imagePullPolicy of every child container."
+    )
+
+
+class HiCache(ApiModel):
+    """SGLang hierarchical cache: a host-memory tier behind the GPU prefix cache."""
+
+    host_ratio: float = Field(
+        2.0,
+        ge=0,
+        description="Host tier size as a multiple of the GPU cache (--hicache-ratio); 0 turns HiCache off.",
+    )
+    write_policy: Literal["write_through", "write_back", "write_through_selective"] = Field(
+        "write_through", description="--hicache-write-policy."
+    )
+
+
+class RoleSpec(ApiModel):
+    """One side of the prefill–decode pair: its engines and where they run."""
+
+    replicas: int = Field(1, ge=1, description="Engine instances (pods).")
+    gpus_per_replica: int = Field(1, ge=1, description="GPUs per instance (tensor parallel size, --tp-size).")
+    resources: Resources = Field(
+        default_factory=Resources,
+        description="Extra requests and limits; the GPU limit is set from gpusPerReplica.",
+    )
+    hicache: HiCache = Field(default_factory=HiCache, description="Hierarchical cache settings.")
+    extra_args: list[str] = Field(default_factory=list, description="Extra `sglang.launch_server` arguments.")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the pods require.")
+    tolerations: list[Toleration] = Field(default_factory=list, description="Pod tolerations.")
+
+
+class DecodeHiCache(HiCache):
+    """Decode-side hierarchical cache: off unless asked (the paper runs HiCache on prefill)."""
+
+    host_ratio: float = Field(
+        0.0,
+        ge=0,
+        description="Host tier size as a multiple of the GPU cache (--hicache-ratio); 0 turns HiCache off.",
+    )
+
+
+class DecodeRoleSpec(RoleSpec):
+    """Decode engines."""
+
+    hicache: DecodeHiCache = Field(default_factory=DecodeHiCache, description="Hierarchical cache settings.")
+
+
+class RouterSpec(ApiModel):
+    """SGLang's PD router, discovering prefill and decode pods by label selector."""
+
+    image: str | None = Field(
+        None, description="Router image; defaults to images.engine (it ships the router)."
+    )
+    policy: Literal["cache_aware", "round_robin", "random", "power_of_two"] = Field(
+        "cache_aware", description="Load-balancing policy (--policy)."
+    )
+    resources: Resources = Field(default_factory=Resources, description="Requests and limits.")
+
+
+class GatewayPolicy(ApiModel):
+    """BASIN controller parameters (paper Table 1, §6.6); the defaults are the paper's."""
+
+    control_interval_seconds: float = Field(
+        _DEFAULTS.interval_s, gt=0, description="Δ: control interval, seconds."
+    )
+    fast_control_interval_seconds: float = Field(
+        _DEFAULTS.fast_interval_s, gt=0, description="Δ while a backlog or a control persists, seconds."
+    )
+    margin: float = Field(
+        _DEFAULTS.margin, gt=0, le=1, description="m: budget margin, B0 = min(m·κ·x_k·C, C)."
+    )
+    alpha_lend: float = Field(
+        _DEFAULTS.alpha_lend, gt=0, le=1, description="α_L: lending engages at W ≥ α_L·B0."
+    )
+    alpha_order: float = Field(
+        _DEFAULTS.alpha_order, gt=0, le=1, description="α_O: ordering engages at W ≥ α_O·B0."
+    )
+    alpha_release: float = Field(
+        _DEFAULTS.alpha_release, gt=0, le=1, description="α_R: admission releases below α_R·B0."
+    )
+    lend_cap: float = Field(
+        _DEFAULTS.lend_cap, gt=0, le=1, description="φ: share of decode memory that may be lent."
+    )
+    shed_after_seconds: float = Field(
+        _DEFAULTS.shed_after_s,
+        ge=0,
+        description="T_s: a parked head waits this long before shedding, seconds.",
+    )
+    priority_rate: float = Field(
+        _DEFAULTS.priority_rate, gt=0, description="r: tokens per second in the priority p = a + Ŵ/r."
+    )
+
+
+class PredictorSource(ApiModel):
+    """A trained peak-context predictor (`basin predictor train`) in a ConfigMap."""
+
+    config_map: str = Field(min_length=1, description="ConfigMap holding the model.")
+    key: str = Field("model.json", min_length=1, description="Key of the model file in the ConfigMap.")
+
+
+class GatewaySpec(ApiModel):
+    """The Basin session gateway in front of the router."""
+
+    replicas: int = Field(2, ge=1, description="Gateway replicas (one leads the controller loop).")
+    resources: Resources = Field(default_factory=Resources, description="Requests and limits.")
+    session_header: str = Field(
+        "X-Session-ID", min_length=1, description="HTTP header carrying the session id."
+    )
+    policy: GatewayPolicy = Field(default_factory=GatewayPolicy, description="Controller parameters.")
+    predictor: PredictorSource | None = Field(
+        None, description="Trained predictor to mount; without it the gateway uses its built-in default."
+    )
+
+
+class SecretKeyRef(ApiModel):
+    """A key in a Secret of the same namespace."""
+
+    name: str = Field(min_length=1, description="Secret name.")
+    key: str = Field(min_length=1, description="Key in the Secret.")
+
+
+class RedisSpec(ApiModel):
+    """Shared gateway state: a managed Redis (StatefulSet + Service) or an external one."""
+
+    mode: Literal["managed", "external"] = Field("managed", description="managed or external.")
+    url: str | None = Field(None, description="redis:// URL of an external Redis (mode external).")
+    password_secret: SecretKeyRef | None = Field(
+        None, description="Secret key holding the external Redis password."
+    )
+    resources: Resources = Field(
+        default_factory=Resources, description="Requests and limits of the managed Redis."
+    )
+
+
+class ProfilingSpec(ApiModel):
+    """The profiling Job: stepped load ramps through the gateway that fit κ and λc."""
+
+    workload: str = Field(
+        "terminal-bench",
+        min_length=1,
+        description="Workload the ramps replay: terminal-bench, swe-pro or a session file in the image.",
+    )
+    ramps: int = Field(4, ge=1, description="Repeated ramps; κ is their lower quartile.")
+    steps: int = Field(8, ge=3, description="Load steps per ramp.")
+    step_seconds: int = Field(720, ge=10, description="Length of one step, seconds.")
+    on_scale: bool = Field(True, description="Profile again after every scale event.")
+    debounce_seconds: int = Field(
+        300, ge=0, description="Ready replicas must stay changed this long before they trigger a profile."
+    )
+    backoff_seconds: int = Field(60, ge=1, description="First retry delay after a failed profiling Job.")
+    max_backoff_seconds: int = Field(
+        3600, ge=1, description="Longest retry delay (the delay doubles per failure)."
+    )
+    resources: Resources = Field(
+        default_factory=Resources, description="Requests and limits of the Job's pod."
+    )
+
+
+GPU_KINDS = ("h100", "h200")
+
+
+class BasinDeploymentSpec(ApiModel):
+    """A Basin-managed SGLang prefill–decode deployment."""
+
+    model: ModelSpec = Field(description="The served model.")
+    gpu_kind: Literal["h100", "h200"] = Field(
+        "h200",
+        description="GPU kind of the engines: picks the calibration the fluid-model classification uses.",
+    )
+    images: Images = Field(default_factory=Images, description="Container images.")
+    prefill: RoleSpec = Field(default_factory=RoleSpec, description="Prefill engines.")
+    decode: DecodeRoleSpec = Field(default_factory=DecodeRoleSpec, description="Decode engines.")
+    router: RouterSpec = Field(default_factory=RouterSpec, description="SGLang PD router.")
+    gateway: GatewaySpec = Field(default_factory=GatewaySpec, description="Basin session gateway.")
+    redis: RedisSpec = Field(default_factory=RedisSpec, description="Gateway state store.")
+    profiling: ProfilingSpec = Field(default_factory=ProfilingSpec, description="Profiling Job settings.")
+
+    def check(self) -> list[str]:
+        """Cross-field problems, each naming its field (the apiserver checks everything else)."""
+        problems = []
+        if self.redis.mode == "external" and not self.redis.url:
+            problems.append("spec.redis.url: required when spec.redis.mode is external")
+        if (
+            self.redis.mode == "external"
+            and self.redis.url
+            and not self.redis.url.startswith(("redis://", "rediss://"))
+        ):
+            problems.append(f"spec.redis.url: must start with redis:// or rediss://, got {self.redis.url!r}")
+        if self.redis.mode == "managed" and (self.redis.url or self.redis.password_secret):
+            problems.append("spec.redis.url/passwordSecret: only for spec.redis.mode external")
+        if self.profiling.max_backoff_seconds < self.profiling.backoff_seconds:
+            problems.append(
+                "spec.profiling.maxBackoffSeconds: must be at least spec.profiling.backoffSeconds"
+            )
+        return problems
+
+
+class Condition(ApiModel):
+    """A status condition, as in Kubernetes API conventions."""
+
+    type: str = Field(description="PrefillReady, DecodeReady, RouterReady, GatewayReady, Profiled or Ready.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(description="CamelCase reason.")
+    message: str = Field(description="Human-readable detail.")
+    last_transition_time: str = Field(description="When status last changed (RFC 3339).")
+    observed_generation: int | None = Field(None, description="Generation the condition was computed for.")
+
+
+class ProfileStatus(ApiModel):
+    """The profile the gateway runs on."""
+
+    kappa: float = Field(description="κ: cache cliff scale.")
+    lambda_c_per_min: float = Field(description="λc: peak session departure rate, sessions per minute.")
+    profiled_at: str = Field(description="When the profile was measured (RFC 3339).")
+    fingerprint: str = Field(description="Fingerprint of the deployment shape it was measured on.")
+    state: Literal["fresh", "stale"] = Field(description="fresh while the deployment still has that shape.")
+
+
+class ProfilingStatus(ApiModel):
+    """The current or last profiling Job."""
+
+    job: str = Field(description="Job name.")
+    fingerprint: str = Field(description="Deployment fingerprint the Job measures.")
+    prefill_replicas: int = Field(description="Prefill replicas the Job measures.")
+    decode_replicas: int = Field(description="Decode replicas the Job measures.")
+    trigger: str = Field(description="Why it runs: create, spec scale, ready replicas, or retry.")
+    attempt: int = Field(description="Attempt number for this fingerprint, from 1.")
+    state: Literal["Running", "Succeeded", "Failed"] = Field(description="Running, Succeeded or Failed.")
+    started_at: str = Field(description="When the Job was created (RFC 3339).")
+    # Never "": the 1.20 apiserver built from Debian's source decodes "" in custom resources as null.
+    message: str | None = Field(None, description="Failure reason.")
+    retry_at: str | None = Field(None, description="When a failed attempt is retried (RFC 3339).")
+
+
+class ReadyObservation(ApiModel):
+    """Ready replicas as last observed and since when they have held (for the debounce)."""
+
+    prefill: int = Field(description="Ready prefill replicas.")
+    decode: int = Field(description="Ready decode replicas.")
+    spec_prefill: int = Field(description="Prefill replicas the spec asked for at the time.")
+    spec_decode: int = Field(description="Decode replicas the spec asked for at the time.")
+    since: str = Field(description="When these four counts were first observed together (RFC 3339).")
+
+
+class BasinDeploymentStatus(ApiModel):
+    """What the operator observed."""
+
+    observed_generation: int | None = Field(None, description="Generation of the spec last reconciled.")
+    phase: str | None = Field(None, description="Invalid, Pending, Profiling, ProfilingFailed or Ready.")
+    conditions: list[Condition] = Field(default_factory=list, description="Readiness conditions.")
+    prefill_replicas: int | None = Field(None, description="Ready prefill replicas (scale subresource).")
+    decode_replicas: int | None = Field(None, description="Ready decode replicas.")
+    prefill_selector: str | None = Field(
+        None, description="Label selector of prefill pods (scale subresource)."
+    )
+    ready_observed: ReadyObservation | None = Field(None, description="Debounce state of ready replicas.")
+    profile: ProfileStatus | None = Field(None, description="Current profile.")
+    profiling: ProfilingStatus | None = Field(None, description="Current or last profiling Job.")
+    first_limit: Literal["cache-first", "decode-first"] | None = Field(
+        None, description="Fluid model: which resource limits service first as load rises."
+    )
+    peak_departures_per_min: float | None = Field(
+        None, description="Fluid model: predicted peak session departure rate D(N*)."
+    )

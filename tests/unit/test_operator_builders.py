@@ -1,0 +1,140 @@
+"""The pure manifest builders: flags, labels and selectors that tie the children together, names, hashes."""
+
+import pytest
+
+pytest.importorskip("kopf")  # the `operator` extra
+
+from basin_operator import builders
+from basin_operator.constants import MAX_NAME_LENGTH
+from basin_operator.spec import BasinDeploymentSpec
+
+
+def spec(**extra: object) -> BasinDeploymentSpec:
+    return BasinDeploymentSpec.model_validate({"model": {"path": "org/model"}, **extra})
+
+
+def by_key(children: list[dict]) -> dict[tuple[str, str], dict]:
+    return {(c["kind"], c["metadata"]["name"]): c for c in children}
+
+
+def test_children_of_a_managed_deployment() -> None:
+    children = by_key(builders.build_children("x", "ns", spec()))
+    kinds = sorted(children)
+    assert kinds == sorted(
+        [("ServiceAccount", f"x-{c}") for c in ("router", "gateway", "profiler")]
+        + [("Role", f"x-{c}") for c in ("router", "gateway", "profiler")]
+        + [("RoleBinding", f"x-{c}") for c in ("router", "gateway", "profiler")]
+        + [("ConfigMap", "x-profile"), ("Service", "x-redis"), ("StatefulSet", "x-redis")]
+        + [("Deployment", f"x-{c}") for c in ("prefill", "decode", "router", "gateway")]
+        + [("Service", "x-router"), ("Service", "x-gateway")]
+    )
+    for child in children.values():
+        assert child["metadata"]["labels"]["app.kubernetes.io/instance"] == "x"
+        assert child["metadata"]["namespace"] == "ns"
+        assert child["metadata"]["annotations"]["basin.dev/spec-hash"]
+    external = spec(redis={"mode": "external", "url": "redis://r:6379/0"})
+    names = by_key(builders.build_children("x", "ns", external))
+    assert ("StatefulSet", "x-redis") not in names and ("Service", "x-redis") not in names
+
+
+def test_engine_flags() -> None:
+    s = spec(
+        prefill={
+            "gpusPerReplica": 2,
+            "hicache": {"hostRatio": 3.5},
+            "extraArgs": ["--mem-fraction-static", "0.8"],
+        }
+    )
+    prefill = builders.engine_args(s, "prefill")
+    assert prefill[prefill.index("--tp-size") + 1] == "2"
+    assert prefill[prefill.index("--hicache-ratio") + 1] == "3.5"
+    assert prefill[prefill.index("--hicache-write-policy") + 1] == "write_through"
+    assert prefill[prefill.index("--disaggregation-bootstrap-port") + 1] == "8998"
+    assert prefill[-2:] == ["--mem-fraction-static", "0.8"]
+    decode = builders.engine_args(s, "decode")
+    assert "--enable-hierarchical-cache" not in decode and "--disaggregation-bootstrap-port" not in decode
+    for args in (prefill, decode):
+        assert {
+            "--enable-metrics",
+            "--enable-priority-scheduling",
+            "--schedule-low-priority-values-first",
+        } <= set(args)
+    off = builders.engine_args(spec(prefill={"hicache": {"hostRatio": 0}}), "prefill")
+    assert "--enable-hierarchical-cache" not in off
+    deployment = builders.build_engine_deployment("x", "ns", s, "prefill")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert deployment["spec"]["template"]["metadata"]["annotations"] == {"sglang.ai/bootstrap-port": "8998"}
+
+
+def test_router_selectors_match_engine_pods() -> None:
+    """Scaling needs no router rewrite: its selectors pick the engine pods by label."""
+    s = spec()
+    router = builders.build_router_deployment("x", "ns", s)["spec"]["template"]["spec"]["containers"][0][
+        "args"
+    ]
+    for mode in ("prefill", "decode"):
+        start = router.index(f"--{mode}-selector") + 1
+        pairs = []
+        for arg in router[start:]:
+            if arg.startswith("--"):
+                break
+            pairs.append(arg)
+        pod_labels = builders.build_engine_deployment("x", "ns", s, mode)["spec"]["template"]["metadata"][
+            "labels"
+        ]
+        assert pairs and all(pod_labels.get(k) == v for k, v in (p.split("=", 1) for p in pairs))
+        other = "decode" if mode == "prefill" else "prefill"
+        other_labels = builders.build_engine_deployment("x", "ns", s, other)["spec"]["template"]["metadata"][
+            "labels"
+        ]
+        assert not all(other_labels.get(k) == v for k, v in (p.split("=", 1) for p in pairs))
+
+
+def test_gateway_configuration() -> None:
+    s = spec(
+        redis={
+            "mode": "external",
+            "url": "rediss://cache:6380/1",
+            "passwordSecret": {"name": "r", "key": "pw"},
+        },
+        gateway={"predictor": {"configMap": "pred"}, "policy": {"margin": 0.7}, "sessionHeader": "X-Agent"},
+    )
+    pod = builders.build_gateway_deployment("x", "ns", s)["spec"]["template"]["spec"]
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["BASIN_REDIS_URL"]["value"] == "rediss://cache:6380/1"
+    assert env["BASIN_REDIS_PASSWORD"]["valueFrom"] == {"secretKeyRef": {"name": "r", "key": "pw"}}
+    assert env["BASIN_POLICY_MARGIN"]["value"] == "0.7"
+    assert env["BASIN_SESSION_HEADER"]["value"] == "X-Agent"
+    assert env["BASIN_PREDICTOR_PATH"]["value"] == "/etc/basin/predictor/model.json"
+    assert env["BASIN_PROFILE_PATH"]["value"] == "/etc/basin/profile/profile.json"
+    assert {v["name"]: v["configMap"]["name"] for v in pod["volumes"]} == {
+        "profile": "x-profile",
+        "predictor": "pred",
+    }
+
+
+def test_spec_hash_and_fingerprint() -> None:
+    a = by_key(builders.build_children("x", "ns", spec()))
+    b = by_key(builders.build_children("x", "ns", spec(prefill={"replicas": 2})))
+    changed = {k for k in a if a[k]["metadata"]["annotations"] != b[k]["metadata"]["annotations"]}
+    assert changed == {("Deployment", "x-prefill")}
+    s = spec()
+    assert builders.profile_fingerprint(s, 1, 1) == builders.profile_fingerprint(spec(), 1, 1)
+    assert builders.profile_fingerprint(s, 2, 1) != builders.profile_fingerprint(s, 1, 1)
+    assert builders.profile_fingerprint(
+        spec(router={"policy": "random"}), 1, 1
+    ) != builders.profile_fingerprint(s, 1, 1)
+    # Images or gateway settings do not change what a profile measured.
+    assert builders.profile_fingerprint(spec(gateway={"replicas": 4}), 1, 1) == builders.profile_fingerprint(
+        s, 1, 1
+    )
+
+
+def test_names_fit_kubernetes_limits() -> None:
+    name = "n" * MAX_NAME_LENGTH
+    s = spec()
+    job = builders.build_profile_job(name, "ns", s, builders.profile_fingerprint(s, 1, 1), 1, 1, 99)
+    assert len(job["metadata"]["name"]) <= 63  # the Job's pods carry it in the job-name label
+    for child in builders.build_children(name, "ns", s):
+        assert len(child["metadata"]["name"]) <= 63 - len("-0") - 11  # StatefulSet pods and revision hashes
