@@ -37,8 +37,10 @@ def start_emulator(*args: str) -> Emulator:
     )
     assert process.stderr is not None
     deadline = time.monotonic() + 30
+    log: list[str] = []
     while time.monotonic() < deadline:
         line = process.stderr.readline()
+        log.append(line)
         match = re.search(r"at http://127\.0\.0\.1:(\d+)", line)
         if match:
             # Keep reading its log so a chatty emulator never blocks on a full pipe.
@@ -47,7 +49,7 @@ def start_emulator(*args: str) -> Emulator:
         if not line and process.poll() is not None:
             break
     process.kill()
-    raise RuntimeError("the emulator did not start")
+    raise RuntimeError("the emulator did not start: " + "".join(log))
 
 
 @pytest.fixture
