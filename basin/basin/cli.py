@@ -54,13 +54,94 @@ def workload_options(default: str | None = None):  # type: ignore[no-untyped-def
             help="Multiply output lengths (later prompts grow by the extra tokens).",
         ),
     ]
+    return _options(options)
 
+
+def _options(options: list):  # type: ignore[no-untyped-def,type-arg]
     def decorate(command):  # type: ignore[no-untyped-def]
         for option in reversed(options):
             command = option(command)
         return command
 
     return decorate
+
+
+def deployment_options(default: str):  # type: ignore[no-untyped-def]
+    """The options that pick and shape a deployment preset (simulate, emulate)."""
+    return _options(
+        [
+            click.option(
+                "--deployment",
+                default=default,
+                show_default=True,
+                metavar="PRESET",
+                help="h100-1p1d, h200-1p1d, h200-1p2d, h200-1p3d or h200-2p6d.",
+            ),
+            click.option(
+                "--host-tier",
+                type=float,
+                default=None,
+                help="Host tier as a multiple of the GPU prefix cache (0: GPU-only). Default: the preset's.",
+            ),
+            click.option(
+                "--allocation-policy",
+                "allocation",
+                default=None,
+                metavar="early|prefill_complete",
+                help="When decode reserves KV: before prefill (SGLang's default) or at prefill completion.",
+            ),
+            click.option(
+                "--router",
+                default=None,
+                metavar="cache_aware|affinity|least_loaded",
+                help="Prefill routing across prefill instances.",
+            ),
+        ]
+    )
+
+
+def schedule_options():  # type: ignore[no-untyped-def]
+    """The arrival schedule's options (simulate, replay); `_schedule` builds it from them."""
+    return _options(
+        [
+            click.option("--base-rate", type=float, required=True, help="Session arrivals per minute."),
+            click.option(
+                "--surge-factor",
+                type=float,
+                default=1.0,
+                show_default=True,
+                help="Arrival-rate multiplier during the surge (2.0 = +100 %).",
+            ),
+            click.option("--surge-start-min", type=float, default=15.0, show_default=True),
+            click.option("--surge-minutes", type=float, default=0.0, show_default=True, help="0: no surge."),
+            click.option(
+                "--post-surge-rate", type=float, default=None, help="Arrivals per minute after the surge."
+            ),
+            click.option(
+                "--duration-min", type=float, default=120.0, show_default=True, help="Minutes to run."
+            ),
+        ]
+    )
+
+
+def _schedule(
+    base_rate: float,
+    surge_factor: float,
+    surge_start_min: float,
+    surge_minutes: float,
+    post_surge_rate: float | None,
+    duration_min: float,
+):  # type: ignore[no-untyped-def]
+    from basin.workload import RateSchedule
+
+    return RateSchedule(
+        base_rate=base_rate,
+        duration_min=duration_min,
+        surge_factor=surge_factor,
+        surge_start_min=surge_start_min,
+        surge_minutes=surge_minutes,
+        post_surge_rate=post_surge_rate,
+    )
 
 
 def _console():  # type: ignore[no-untyped-def]
@@ -159,32 +240,7 @@ def workload_export(
 
 
 @cli.command("simulate")
-@click.option(
-    "--deployment",
-    default="h100-1p1d",
-    show_default=True,
-    metavar="PRESET",
-    help="h100-1p1d, h200-1p1d, h200-1p2d, h200-1p3d or h200-2p6d.",
-)
-@click.option(
-    "--host-tier",
-    type=float,
-    default=None,
-    help="Host tier as a multiple of the GPU prefix cache (0: GPU-only). Default: the preset's.",
-)
-@click.option(
-    "--allocation-policy",
-    "allocation",
-    default=None,
-    metavar="early|prefill_complete",
-    help="When decode reserves KV: before prefill (SGLang's default) or at prefill completion.",
-)
-@click.option(
-    "--router",
-    default=None,
-    metavar="cache_aware|affinity|least_loaded",
-    help="Prefill routing across prefill instances.",
-)
+@deployment_options(default="h100-1p1d")
 @click.option(
     "--policy",
     default="hicache",
@@ -206,18 +262,7 @@ def workload_export(
     help="BASIN's profiled peak departure rate, sessions/min (default: the fluid model's peak).",
 )
 @workload_options(default="terminal-bench")
-@click.option("--base-rate", type=float, required=True, help="Session arrivals per minute.")
-@click.option(
-    "--surge-factor",
-    type=float,
-    default=1.0,
-    show_default=True,
-    help="Arrival-rate multiplier during the surge (2.0 = +100 %).",
-)
-@click.option("--surge-start-min", type=float, default=15.0, show_default=True)
-@click.option("--surge-minutes", type=float, default=0.0, show_default=True, help="0: no surge.")
-@click.option("--post-surge-rate", type=float, default=None, help="Arrivals per minute after the surge.")
-@click.option("--duration-min", type=float, default=120.0, show_default=True)
+@schedule_options()
 @click.option(
     "--warm-sessions",
     type=int,
@@ -274,18 +319,13 @@ def simulate(
     from basin.policy import POLICIES
     from basin.sim import Simulation, SimulationConfig, get_deployment
     from basin.sim.policies import build_policy
-    from basin.workload import RateSchedule, load_workload
+    from basin.workload import load_workload
 
     preset = get_deployment(deployment, host_tier=host_tier, allocation=allocation, router=router)
     if policy not in POLICIES:
         raise BasinError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
-    schedule = RateSchedule(
-        base_rate=base_rate,
-        duration_min=duration_min,
-        surge_factor=surge_factor,
-        surge_start_min=surge_start_min,
-        surge_minutes=surge_minutes,
-        post_surge_rate=post_surge_rate,
+    schedule = _schedule(
+        base_rate, surge_factor, surge_start_min, surge_minutes, post_surge_rate, duration_min
     )
     if warm_sessions is not None and warm_sessions < 0:
         raise BasinError(f"--warm-sessions must not be negative, got {warm_sessions}")
@@ -351,27 +391,7 @@ def simulate(
 
 
 @cli.command("emulate")
-@click.option(
-    "--deployment",
-    default="h200-1p3d",
-    show_default=True,
-    metavar="PRESET",
-    help="h100-1p1d, h200-1p1d, h200-1p2d, h200-1p3d or h200-2p6d.",
-)
-@click.option(
-    "--host-tier",
-    type=float,
-    default=None,
-    help="Host tier as a multiple of the GPU prefix cache (0: GPU-only). Default: the preset's.",
-)
-@click.option(
-    "--allocation-policy",
-    "allocation",
-    default=None,
-    metavar="early|prefill_complete",
-    help="When decode reserves KV: before prefill (SGLang's default) or at prefill completion.",
-)
-@click.option("--router", default=None, metavar="cache_aware|affinity|least_loaded", help="Prefill routing.")
+@deployment_options(default="h200-1p3d")
 @click.option(
     "--lending",
     is_flag=True,
@@ -448,18 +468,7 @@ def emulate(
     "--target", required=True, metavar="URL", help="Base URL of the endpoint, e.g. http://127.0.0.1:30000."
 )
 @workload_options(default="terminal-bench")
-@click.option("--base-rate", type=float, required=True, help="Session arrivals per minute.")
-@click.option(
-    "--surge-factor",
-    type=float,
-    default=1.0,
-    show_default=True,
-    help="Arrival-rate multiplier during the surge (2.0 = +100 %).",
-)
-@click.option("--surge-start-min", type=float, default=15.0, show_default=True)
-@click.option("--surge-minutes", type=float, default=0.0, show_default=True, help="0: no surge.")
-@click.option("--post-surge-rate", type=float, default=None, help="Arrivals per minute after the surge.")
-@click.option("--duration-min", type=float, default=120.0, show_default=True, help="Model minutes to run.")
+@schedule_options()
 @click.option(
     "--time-scale",
     type=float,
@@ -534,7 +543,7 @@ def replay(
     from urllib.parse import urlparse
 
     from basin.sim.deployments import GPUS
-    from basin.workload import RateSchedule, load_workload
+    from basin.workload import load_workload
 
     try:
         from basin_profiler.replay import Replay, ReplayConfig, server_cache_tokens
@@ -547,13 +556,8 @@ def replay(
         raise BasinError(f"--time-scale must be positive, got {time_scale}")
     if max_concurrency < 1 or max_errors < 1:
         raise BasinError("--max-concurrency and --max-errors must be at least 1")
-    schedule = RateSchedule(
-        base_rate=base_rate,
-        duration_min=duration_min,
-        surge_factor=surge_factor,
-        surge_start_min=surge_start_min,
-        surge_minutes=surge_minutes,
-        post_surge_rate=post_surge_rate,
+    schedule = _schedule(
+        base_rate, surge_factor, surge_start_min, surge_minutes, post_surge_rate, duration_min
     )
     for path in (json_out, plot_out):
         if path and path != "-":
