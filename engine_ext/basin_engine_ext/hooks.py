@@ -1,0 +1,198 @@
+"""The hooks this plugin places on SGLang 0.5.23, each a small function over SGLang's own objects.
+
+Targets (dotted paths resolved by SGLang's HookRegistry, which also rebinds `from X import f` copies):
+- `DecodePreallocQueue.__init__` (AFTER): attach a `DecodeLender` to the decode allocator;
+- `DecodePreallocQueue.pop_preallocated` (BEFORE): reclaim units at the lower margin against running
+  plus queued decode demand, so queued requests find their room;
+- `BaseTokenToKVPoolAllocator.evict_to_free_tokens` (AROUND): after SGLang's own tree eviction, free
+  lent units before the caller falls back to retracting a running request;
+- `mem_cache.common.release_kv_cache` (BEFORE): a finished, gateway-marked request's prompt pages become
+  the session's unit instead of going back to the free list;
+- `PrefillBootstrapQueue.pop_bootstrapped` (AROUND): order the bootstrap queue by request priority.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from basin_engine_ext.config import LEND_KEY, SESSION_KEY, EngineExtConfig
+from basin_engine_ext.lending import DecodeLender
+from basin_engine_ext.metrics import EngineMetrics
+from basin_engine_ext.units import UnitStore
+
+logger = logging.getLogger(__name__)
+
+LENDER_ATTR = "_basin_lender"
+
+TARGETS = {
+    "attach": "sglang.srt.disaggregation.decode.DecodePreallocQueue.__init__",
+    "rebalance": "sglang.srt.disaggregation.decode.DecodePreallocQueue.pop_preallocated",
+    "reclaim": "sglang.srt.mem_cache.allocator.base.BaseTokenToKVPoolAllocator.evict_to_free_tokens",
+    "adopt": "sglang.srt.mem_cache.common.release_kv_cache",
+    "bootstrap": "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.pop_bootstrapped",
+}
+
+
+class _State:
+    """The process's plugin settings and metrics (one SGLang scheduler process, one state)."""
+
+    config: EngineExtConfig = EngineExtConfig()
+    metrics: EngineMetrics | None = None
+
+
+def configure(config: EngineExtConfig) -> None:
+    _State.config = config
+
+
+def engine_metrics() -> EngineMetrics | None:
+    """The process's metrics, created on first use with SGLang's scheduler labels."""
+    if not _State.config.metrics:
+        return None
+    if _State.metrics is None:
+        _State.metrics = EngineMetrics.create(_sglang_labels())
+    return _State.metrics
+
+
+def _sglang_labels() -> dict[str, str]:
+    try:
+        from sglang.srt.disaggregation.utils import DisaggregationMode
+        from sglang.srt.runtime_context import get_disagg, get_parallel, get_serving
+
+        return {
+            "model_name": str(get_serving().served_model_name),
+            "engine_type": DisaggregationMode.to_engine_type(get_disagg().disaggregation_mode),
+            "tp_rank": str(get_parallel().tp_rank),
+        }
+    except Exception:  # runtime context not initialised (outside a scheduler process)
+        return {"model_name": "", "engine_type": "", "tp_rank": ""}
+
+
+def register_hooks() -> None:
+    """Register every enabled hook with SGLang's HookRegistry (applied by `load_plugins`)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    cfg = _State.config
+    if cfg.lending:
+        HookRegistry.register(TARGETS["attach"], attach_lender, HookType.AFTER)
+        HookRegistry.register(TARGETS["rebalance"], rebalance_before_prealloc, HookType.BEFORE)
+        HookRegistry.register(TARGETS["reclaim"], evict_then_reclaim, HookType.AROUND)
+        HookRegistry.register(TARGETS["adopt"], adopt_before_release, HookType.BEFORE)
+    if cfg.bootstrap_priority:
+        HookRegistry.register(TARGETS["bootstrap"], pop_bootstrapped_by_priority, HookType.AROUND)
+
+
+# ---------------------------------------------------------------------- lending
+def lender_for(allocator: Any) -> DecodeLender | None:
+    return getattr(allocator, LENDER_ATTR, None)
+
+
+def make_lender(allocator: Any, config: EngineExtConfig | None = None) -> DecodeLender:
+    """Attach a lender to a real SGLang allocator (its `size` is decode capacity C)."""
+    cfg = config or _State.config
+    store: UnitStore = UnitStore(
+        capacity=int(allocator.size),
+        lend_cap=cfg.lend_cap,
+        adopt_headroom=cfg.adopt_headroom,
+        reclaim_headroom=cfg.reclaim_headroom,
+    )
+    lender = DecodeLender(allocator, store, engine_metrics())
+    setattr(allocator, LENDER_ATTR, lender)
+    return lender
+
+
+def attach_lender(result: Any, queue: Any, *args: Any, **kwargs: Any) -> None:
+    allocator = queue.token_to_kv_pool_allocator
+    if type(allocator).evict_to_free_tokens is not _base_evict():
+        # Hybrid (SWA, Mamba) allocators override eviction; lending is not wired for them yet.
+        logger.warning(
+            "basin lending disabled: %s is not a full-attention allocator", type(allocator).__name__
+        )
+        return
+    make_lender(allocator)
+    logger.info("basin lending on: capacity %d tokens, cap %.2f", allocator.size, _State.config.lend_cap)
+
+
+def _base_evict() -> Any:
+    from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator
+
+    return BaseTokenToKVPoolAllocator.evict_to_free_tokens
+
+
+def rebalance_before_prealloc(queue: Any, *args: Any, **kwargs: Any) -> None:
+    lender = lender_for(queue.token_to_kv_pool_allocator)
+    if lender is None:
+        return None
+    queued = sum(queue._prealloc_required_tokens(dr.req)[0] for dr in queue.queue)
+    queued += sum(queue._prealloc_required_tokens(req)[0] for req in getattr(queue, "retracted_queue", []))
+    lender.rebalance(queued)
+    return None
+
+
+def evict_then_reclaim(original: Any, allocator: Any, tree_cache: Any, num_tokens: int) -> Any:
+    """SGLang's eviction first; then lent units, so a shortfall never retracts while units are held."""
+    result = original(allocator, tree_cache, num_tokens)
+    lender = lender_for(allocator)
+    if lender is not None and allocator.available_size() < num_tokens:
+        lender.ensure_available(num_tokens)
+    return result
+
+
+def lend_mark(req: Any) -> str | None:
+    """The session id when the gateway asked decode to keep this request's prompt, else None."""
+    params = getattr(req.sampling_params, "custom_params", None) or {}
+    if not params.get(LEND_KEY):
+        return None
+    session = params.get(SESSION_KEY)
+    return str(session) if session else None
+
+
+def adopt_before_release(req: Any, tree_cache: Any, *args: Any, **kwargs: Any) -> None:
+    """Keep a finished marked prompt's pages as the session's unit (the release then skips them)."""
+    lender = lender_for(tree_cache.token_to_kv_pool_allocator)
+    if lender is None or not req.kv.holds_kv or not req.finished():
+        return None
+    session = lend_mark(req)
+    if session is None or req.kv.cache_protected_len > 0:
+        # Unmarked, or the prefix belongs to a decode radix tree (not ours to lend).
+        return None
+    prompt = list(req.origin_input_ids)
+    row = tree_cache.req_to_token_pool.req_to_token[req.kv.req_pool_idx, : len(prompt)]
+    page = lender.page_size
+    releasing = -(-int(req.kv.kv_allocated_len) // page) * page  # the request's whole pages
+    kept = lender.adopt(session, len(prompt), prompt, row.to(dtype=_int64()), releasing=releasing)
+    if kept:
+        # SGLang's release frees [cache_protected_len, owned); the unit now owns [0, kept).
+        req.kv.cache_protected_len = kept
+    return None
+
+
+def _int64() -> Any:
+    import torch
+
+    return torch.int64
+
+
+# ---------------------------------------------------------------------- bootstrap priority
+def pop_bootstrapped_by_priority(original: Any, queue: Any, *args: Any, **kwargs: Any) -> Any:
+    """Stable-sort the bootstrap queue by priority before SGLang scans it, so higher-priority requests
+    take metadata buffers first and enter the waiting queue first (SGLang scans it FIFO)."""
+    sort_by_priority(queue.queue, low_values_first=_low_values_first(queue))
+    return original(queue, *args, **kwargs)
+
+
+def sort_by_priority(reqs: list[Any], low_values_first: bool) -> None:
+    """In place; requests without a priority keep their FIFO place after every prioritised one."""
+
+    def key(req: Any) -> tuple[int, float]:
+        p = getattr(req, "priority", None)
+        if p is None:
+            return (1, 0.0)
+        return (0, p if low_values_first else -p)
+
+    reqs.sort(key=key)
+
+
+def _low_values_first(queue: Any) -> bool:
+    scheduler = getattr(queue, "scheduler", None)
+    return bool(getattr(scheduler, "schedule_low_priority_values_first", False))

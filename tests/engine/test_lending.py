@@ -1,0 +1,118 @@
+"""Lending hooked into SGLang's real decode memory: paged allocator, MHA KV pool on CPU, request rows,
+the release path (`release_kv_cache`) and the decode capacity check that precedes retraction."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from basin_engine_ext import hooks
+from basin_engine_ext.config import EngineExtConfig
+
+pytestmark = pytest.mark.engine
+
+MARK = {"basin_lend": True, "basin_session": "s1"}
+
+
+def test_plugin_hooks_are_applied_to_sglang_targets(plugin_loaded) -> None:
+    from sglang.srt.disaggregation import decode
+    from sglang.srt.mem_cache import common
+    from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator
+
+    assert BaseTokenToKVPoolAllocator.evict_to_free_tokens.__wrapped__ is not None
+    # HookRegistry rebinds the copy decode.py imported with `from ... import release_kv_cache`
+    assert decode.release_kv_cache is common.release_kv_cache
+    assert common.release_kv_cache.__wrapped__.__name__ == "release_kv_cache"
+
+
+def test_marked_finished_prompt_stays_as_a_unit_and_the_rest_is_freed(plugin_loaded, decode_kv) -> None:
+    from sglang.srt.mem_cache.common import release_kv_cache
+
+    lender = hooks.make_lender(decode_kv.allocator)
+    prompt = list(range(100, 110))  # 10 tokens: two whole pages of 4
+    req = decode_kv.finished_request("r1", prompt, outputs=4, custom_params=MARK)
+    row = decode_kv.req_to_token.req_to_token[req.kv.req_pool_idx, :10].clone()
+    full = decode_kv.allocator.available_size()
+    release_kv_cache(req, decode_kv.tree, checkpoint=False)
+
+    unit = lender.store.get("s1")
+    assert unit is not None and unit.tokens == 8 and unit.token_ids == tuple(prompt[:8])
+    assert torch.equal(unit.pages, row[:8])
+    assert req.kv.is_kv_released
+    # the request held 4 pages (14 tokens); 2 pages remain lent, 2 came back
+    assert decode_kv.allocator.available_size() == full + 8
+    assert decode_kv.allocator.available_size() + lender.store.lent == decode_kv.allocator.size
+
+
+def test_unmarked_request_is_released_whole(plugin_loaded, decode_kv) -> None:
+    from sglang.srt.mem_cache.common import release_kv_cache
+
+    lender = hooks.make_lender(decode_kv.allocator)
+    req = decode_kv.finished_request("r1", list(range(10)), outputs=4)
+    release_kv_cache(req, decode_kv.tree, checkpoint=False)
+    assert len(lender.store) == 0
+    assert decode_kv.allocator.available_size() == decode_kv.allocator.size
+
+
+def test_decode_capacity_check_reclaims_lent_pages_before_reporting_a_shortfall(
+    plugin_loaded, decode_kv
+) -> None:
+    """A decode step that would not fit must first take lent pages back; only then may SGLang retract."""
+    from sglang.srt.mem_cache.common import release_kv_cache
+
+    lender = hooks.make_lender(decode_kv.allocator, EngineExtConfig(lend_cap=0.5, adopt_headroom=0.1))
+    for i in range(3):
+        mark = {"basin_lend": True, "basin_session": f"s{i}"}
+        req = decode_kv.finished_request(
+            f"r{i}", [i * 1000 + t for t in range(32)], outputs=2, custom_params=mark
+        )
+        release_kv_cache(req, decode_kv.tree, checkpoint=False)
+    assert lender.store.lent == 96
+    running = decode_kv.allocator.alloc(128)  # running requests take most of the rest
+    assert running is not None
+    free = decode_kv.allocator.available_size()
+    need = free + 40  # a decode step needing more than is free
+    assert decode_kv.allocator.check_decode_capacity(num_tokens=need, tree_cache=decode_kv.tree)
+    assert decode_kv.allocator.available_size() >= need
+    assert lender.store.lent == 32  # two LRU units (64 tokens) covered the 40-token shortfall
+    assert [u.session for u in lender.store.units()] == ["s2"]
+    # what no unit can cover is still reported, so SGLang retracts as before
+    assert not decode_kv.allocator.check_decode_capacity(num_tokens=10_000, tree_cache=decode_kv.tree)
+    assert len(lender.store) == 0
+
+
+def test_reclaim_frees_units_prefill_also_holds_first(plugin_loaded, decode_kv) -> None:
+    lender = hooks.make_lender(decode_kv.allocator)
+    for name in ("a", "b", "c"):
+        slots = decode_kv.allocator.alloc(16)
+        assert lender.adopt(name, 1, list(range(16)), slots) == 16
+    lender.store.set_prefill_holds(["c"])
+    assert lender.reclaim(20) == 32
+    assert [u.session for u in lender.store.units()] == ["b"]
+
+
+def test_adoption_is_refused_without_headroom_and_pages_go_back(plugin_loaded, decode_kv) -> None:
+    from sglang.srt.mem_cache.common import release_kv_cache
+
+    lender = hooks.make_lender(decode_kv.allocator)
+    # running demand 212 of 256: after a 24-token unit 20 tokens (< 10 %) would be left
+    busy = decode_kv.allocator.alloc(212)
+    assert busy is not None
+    req = decode_kv.finished_request("r1", list(range(24)), outputs=4, custom_params=MARK)
+    release_kv_cache(req, decode_kv.tree, checkpoint=False)
+    assert len(lender.store) == 0
+    assert decode_kv.allocator.available_size() == decode_kv.allocator.size - 212
+
+
+def test_fetch_plan_hits_only_beyond_the_local_match(plugin_loaded, decode_kv) -> None:
+    lender = hooks.make_lender(decode_kv.allocator)
+    slots = decode_kv.allocator.alloc(24)
+    prompt = list(range(24))
+    lender.adopt("s1", 24, prompt, slots)
+    nxt = [*prompt, 99, 98, 97]
+    plan = lender.plan_fetch("s1", nxt, local_match=9)
+    assert plan is not None and (plan.start, plan.end) == (8, 24)
+    assert torch.equal(plan.src_indices, slots[8:24])
+    assert lender.plan_fetch("s1", nxt, local_match=24) is None  # prefill already has it all
+    assert lender.plan_fetch("s1", [5, *nxt], local_match=0) is None  # diverges at token 0
+    assert lender.plan_fetch("nobody", nxt, local_match=0) is None
