@@ -7,8 +7,12 @@ it uses. In the SGLang venv, torchvision's op schemas are shimmed before anythin
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
+
+# No GPU here: Triton kernels (ours and SGLang's) run in Triton's interpreter on CPU tensors.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 if importlib.util.find_spec("sglang") is None:
     collect_ignore_glob = ["test_*.py"]
