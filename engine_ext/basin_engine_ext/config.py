@@ -24,6 +24,9 @@ class EngineExtConfig:
     adopt_headroom: float = 0.10  # adopt only if this share stays free above decode demand
     reclaim_headroom: float = 0.05  # reclaim units once free room above demand falls below this
     bootstrap_priority: bool = True  # order the prefill bootstrap queue by request priority
+    prefill_complete_nixl: bool = (
+        True  # admit --disaggregation-decode-allocation-policy prefill_complete on NIXL
+    )
     layer_wait_timeout_s: float = 2.0  # a unit fetch not complete by then falls back to recomputation
     metrics: bool = True
 
@@ -48,6 +51,7 @@ class EngineExtConfig:
             "ADOPT_HEADROOM": ("adopt_headroom", float),
             "RECLAIM_HEADROOM": ("reclaim_headroom", float),
             "BOOTSTRAP_PRIORITY": ("bootstrap_priority", _bool),
+            "PREFILL_COMPLETE_NIXL": ("prefill_complete_nixl", _bool),
             "LAYER_WAIT_TIMEOUT_S": ("layer_wait_timeout_s", float),
             "METRICS": ("metrics", _bool),
         }

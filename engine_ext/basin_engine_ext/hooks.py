@@ -8,7 +8,8 @@ Targets (dotted paths resolved by SGLang's HookRegistry, which also rebinds `fro
   lent units before the caller falls back to retracting a running request;
 - `mem_cache.common.release_kv_cache` (BEFORE): a finished, gateway-marked request's prompt pages become
   the session's unit instead of going back to the free list;
-- `PrefillBootstrapQueue.pop_bootstrapped` (AROUND): order the bootstrap queue by request priority.
+- `PrefillBootstrapQueue.pop_bootstrapped` (AROUND): order the bootstrap queue by request priority;
+- reservation at prefill completion over NIXL: see `reservation.py`.
 """
 
 from __future__ import annotations
@@ -80,6 +81,10 @@ def register_hooks() -> None:
         HookRegistry.register(TARGETS["adopt"], adopt_before_release, HookType.BEFORE)
     if cfg.bootstrap_priority:
         HookRegistry.register(TARGETS["bootstrap"], pop_bootstrapped_by_priority, HookType.AROUND)
+    if cfg.prefill_complete_nixl:
+        from basin_engine_ext import reservation
+
+        reservation.register_hooks()
 
 
 # ---------------------------------------------------------------------- lending
