@@ -78,7 +78,8 @@ def check_fallback(device: torch.device) -> None:
     outcome = monitor.join(5)
     assert failed and outcome.reason == "timeout", outcome
     print(
-        f"fallback: a stalled fetch released the waiting kernel after {waited * 1e3:.1f} ms (timeout {timeout * 1e3:.0f} ms)"
+        f"fallback: a stalled fetch released the waiting kernel after {waited * 1e3:.1f} ms "
+        f"(timeout {timeout * 1e3:.0f} ms)"
     )
 
 
@@ -158,7 +159,8 @@ def check_page_copy(
         "a layer read before its pages"
     )
     print(
-        f"overlapped fetch ({len(groups)} groups of {per_group} layers): {overlapped_s * 1e3:.2f} ms end to end; "
+        f"overlapped fetch ({len(groups)} groups of {per_group} layers): "
+        f"{overlapped_s * 1e3:.2f} ms end to end; "
         "every layer read its pages only after its flag"
     )
 
