@@ -116,3 +116,35 @@ def test_fetch_plan_hits_only_beyond_the_local_match(plugin_loaded, decode_kv) -
     assert lender.plan_fetch("s1", nxt, local_match=24) is None  # prefill already has it all
     assert lender.plan_fetch("s1", [5, *nxt], local_match=0) is None  # diverges at token 0
     assert lender.plan_fetch("nobody", nxt, local_match=0) is None
+
+
+def test_queued_decode_demand_reclaims_units_down_to_the_lower_margin(plugin_loaded, decode_kv) -> None:
+    """The BEFORE hook on DecodePreallocQueue.pop_preallocated, on SGLang's real queue class: requests
+    waiting for decode memory count as demand, and units are reclaimed until room above running plus
+    queued demand is back at the reclaim margin (5 % of 256 tokens here)."""
+    from sglang.srt.disaggregation.decode import DecodePreallocQueue, DecodeRequest
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    lender = hooks.make_lender(decode_kv.allocator)
+    for name in ("a", "b", "c"):
+        assert lender.adopt(name, 1, list(range(32)), decode_kv.allocator.alloc(32)) == 32
+    queue = object.__new__(DecodePreallocQueue)  # SGLang's class; its constructor needs a KV manager
+    queue.token_to_kv_pool_allocator = decode_kv.allocator
+    queue.token_to_kv_pool = decode_kv.pool
+    queue.num_reserved_decode_tokens = 8
+    queue.retracted_queue = []
+    waiting = Req(
+        rid="w", origin_input_text="", origin_input_ids=list(range(140)), sampling_params=SamplingParams()
+    )
+    queue.queue = [DecodeRequest(req=waiting, kv_receiver=None)]
+    need = queue._prealloc_required_tokens(waiting)[0]
+    assert need == 140 + 8  # the prompt, page-aligned, and the per-request decode reserve
+
+    assert decode_kv.allocator.size - need - lender.store.lent < 0.05 * decode_kv.allocator.size
+    hooks.rebalance_before_prealloc(queue)
+    free_above_demand = decode_kv.allocator.size - need - lender.store.lent
+    assert free_above_demand >= 0.05 * decode_kv.allocator.size
+    assert [u.session for u in lender.store.units()] == ["b", "c"]  # the LRU unit went first
+    hooks.rebalance_before_prealloc(queue)  # margin holds: nothing more is taken
+    assert len(lender.store) == 2
