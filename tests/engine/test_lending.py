@@ -25,7 +25,10 @@ def test_plugin_hooks_are_applied_to_sglang_targets(plugin_loaded) -> None:
     assert common.release_kv_cache.__wrapped__.__name__ == "release_kv_cache"
 
 
-def test_marked_finished_prompt_stays_as_a_unit_and_the_rest_is_freed(plugin_loaded, decode_kv) -> None:
+@pytest.mark.parametrize("checkpoint", [False, True])  # SGLang's decode paths use both
+def test_marked_finished_prompt_stays_as_a_unit_and_the_rest_is_freed(
+    plugin_loaded, decode_kv, checkpoint: bool
+) -> None:
     from sglang.srt.mem_cache.common import release_kv_cache
 
     lender = hooks.make_lender(decode_kv.allocator)
@@ -33,7 +36,7 @@ def test_marked_finished_prompt_stays_as_a_unit_and_the_rest_is_freed(plugin_loa
     req = decode_kv.finished_request("r1", prompt, outputs=4, custom_params=MARK)
     row = decode_kv.req_to_token.req_to_token[req.kv.req_pool_idx, :10].clone()
     full = decode_kv.allocator.available_size()
-    release_kv_cache(req, decode_kv.tree, checkpoint=False)
+    release_kv_cache(req, decode_kv.tree, checkpoint=checkpoint)
 
     unit = lender.store.get("s1")
     assert unit is not None and unit.tokens == 8 and unit.token_ids == tuple(prompt[:8])
