@@ -108,20 +108,29 @@ def make_lender(allocator: Any, config: EngineExtConfig | None = None) -> Decode
 
 def attach_lender(result: Any, queue: Any, *args: Any, **kwargs: Any) -> None:
     allocator = queue.token_to_kv_pool_allocator
-    if type(allocator).evict_to_free_tokens is not _base_evict():
-        # Hybrid (SWA, Mamba) allocators override eviction; lending is not wired for them yet.
+    if not lendable(allocator):
+        # Hybrid pools (SWA, Mamba, linear attention) keep state a unit would need too; not wired yet.
         logger.warning(
-            "basin lending disabled: %s is not a full-attention allocator", type(allocator).__name__
+            "basin lending disabled: %s over %s is not a full-attention MHA pool",
+            type(allocator).__name__,
+            type(allocator.get_kvcache()).__name__,
         )
         return
     make_lender(allocator)
     logger.info("basin lending on: capacity %d tokens, cap %.2f", allocator.size, _State.config.lend_cap)
 
 
-def _base_evict() -> Any:
+def lendable(allocator: Any) -> bool:
+    """Lending needs SGLang's shared eviction path (hooked here) and a plain MHA pool (one K and one V
+    buffer per layer, what a unit holds and a fetch copies)."""
     from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
-    return BaseTokenToKVPoolAllocator.evict_to_free_tokens
+    pool = allocator.get_kvcache()
+    return (
+        type(allocator).evict_to_free_tokens is BaseTokenToKVPoolAllocator.evict_to_free_tokens
+        and type(pool) is MHATokenToKVPool
+    )
 
 
 def rebalance_before_prealloc(queue: Any, *args: Any, **kwargs: Any) -> None:

@@ -151,3 +151,38 @@ def test_queued_decode_demand_reclaims_units_down_to_the_lower_margin(plugin_loa
     assert [u.session for u in lender.store.units()] == ["b", "c"]  # the LRU unit went first
     hooks.rebalance_before_prealloc(queue)  # margin holds: nothing more is taken
     assert len(lender.store) == 2
+
+
+def test_lender_attaches_to_full_attention_pools_only(plugin_loaded, decode_kv) -> None:
+    """The AFTER hook on DecodePreallocQueue.__init__: a paged or token MHA allocator gets a lender, a
+    sliding-window (hybrid) one does not."""
+    from types import SimpleNamespace
+
+    from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+    from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
+    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+
+    hooks.attach_lender(None, SimpleNamespace(token_to_kv_pool_allocator=decode_kv.allocator))
+    assert hooks.lender_for(decode_kv.allocator) is not None
+
+    token = TokenToKVPoolAllocator(
+        size=64, dtype=torch.float16, device="cpu", kvcache=decode_kv.pool, need_sort=False
+    )
+    hooks.attach_lender(None, SimpleNamespace(token_to_kv_pool_allocator=token))
+    assert hooks.lender_for(token) is not None
+
+    swa_pool = SWAKVPool(
+        size=64, size_swa=64, page_size=4, dtype=torch.float16, head_num=2, head_dim=8,
+        swa_attention_layer_ids=[0], full_attention_layer_ids=[1], device="cpu",
+    )  # fmt: skip
+    swa = SWATokenToKVPoolAllocator(
+        size=64,
+        size_swa=64,
+        page_size=4,
+        dtype=torch.float16,
+        device="cpu",
+        kvcache=swa_pool,
+        need_sort=False,
+    )
+    hooks.attach_lender(None, SimpleNamespace(token_to_kv_pool_allocator=swa))
+    assert hooks.lender_for(swa) is None
