@@ -28,6 +28,7 @@ class EngineExtConfig:
         True  # admit --disaggregation-decode-allocation-policy prefill_complete on NIXL
     )
     layer_wait_timeout_s: float = 2.0  # a unit fetch not complete by then falls back to recomputation
+    unit_port: int = 0  # decode: serve unit fetches on this TCP port (+ tp rank); 0 = no unit service
     metrics: bool = True
 
     def __post_init__(self) -> None:
@@ -40,6 +41,8 @@ class EngineExtConfig:
             )
         if self.layer_wait_timeout_s <= 0:
             raise ValueError("layer_wait_timeout_s must be positive")
+        if not 0 <= self.unit_port < 65536:
+            raise ValueError(f"unit_port must be a TCP port or 0, got {self.unit_port}")
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> EngineExtConfig:
@@ -53,6 +56,7 @@ class EngineExtConfig:
             "BOOTSTRAP_PRIORITY": ("bootstrap_priority", _bool),
             "PREFILL_COMPLETE_NIXL": ("prefill_complete_nixl", _bool),
             "LAYER_WAIT_TIMEOUT_S": ("layer_wait_timeout_s", float),
+            "UNIT_PORT": ("unit_port", int),
             "METRICS": ("metrics", _bool),
         }
         kwargs: dict[str, object] = {}

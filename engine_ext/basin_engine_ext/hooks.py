@@ -2,8 +2,9 @@
 
 Targets (dotted paths resolved by SGLang's HookRegistry, which also rebinds `from X import f` copies):
 - `DecodePreallocQueue.__init__` (AFTER): attach a `DecodeLender` to the decode allocator;
-- `DecodePreallocQueue.pop_preallocated` (BEFORE): reclaim units at the lower margin against running
-  plus queued decode demand, so queued requests find their room;
+- `DecodePreallocQueue.pop_preallocated` (BEFORE): poll the unit service (when `BASIN_ENGINE_UNIT_PORT`
+  is set), then reclaim units at the lower margin against running plus queued decode demand, so queued
+  requests find their room;
 - `BaseTokenToKVPoolAllocator.evict_to_free_tokens` (AROUND): after SGLang's own tree eviction, free
   lent units before the caller falls back to retracting a running request;
 - `mem_cache.common.release_kv_cache` (BEFORE): a finished, gateway-marked request's prompt pages become
@@ -116,8 +117,36 @@ def attach_lender(result: Any, queue: Any, *args: Any, **kwargs: Any) -> None:
             type(allocator.get_kvcache()).__name__,
         )
         return
-    make_lender(allocator)
+    lender = make_lender(allocator)
+    if _State.config.unit_port:
+        start_unit_service(lender, allocator, _State.config.unit_port + int(_sglang_labels()["tp_rank"] or 0))
     logger.info("basin lending on: capacity %d tokens, cap %.2f", allocator.size, _State.config.lend_cap)
+
+
+SERVICE_ATTR = "_basin_unit_service"
+
+
+def start_unit_service(lender: DecodeLender, allocator: Any, port: int) -> Any:
+    """Decode's unit service on `port` (all interfaces): a NIXL agent over this KV pool and a control
+    socket prefill pushes fetch requests and held-unit reports to; polled by the scheduler thread."""
+    import socket
+
+    import zmq
+
+    from basin_engine_ext.service import UnitService
+    from basin_engine_ext.transfer import KVLayout, make_agent
+
+    pool = allocator.get_kvcache()
+    layout = KVLayout.from_pool(pool)
+    mem_type = "VRAM" if str(pool.device).startswith("cuda") else "DRAM"
+    control = zmq.Context.instance().socket(zmq.PULL)
+    control.setsockopt(zmq.LINGER, 0)
+    control.bind(f"tcp://*:{port}")
+    name = f"basin-decode-{socket.gethostname()}-{port}"
+    service = UnitService(lender, layout, make_agent(name, layout, mem_type), control, mem_type)
+    setattr(allocator, SERVICE_ATTR, service)
+    logger.info("basin unit service %s on port %d (%s)", name, port, mem_type)
+    return service
 
 
 def lendable(allocator: Any) -> bool:
@@ -134,9 +163,13 @@ def lendable(allocator: Any) -> bool:
 
 
 def rebalance_before_prealloc(queue: Any, *args: Any, **kwargs: Any) -> None:
+    """Once per decode scheduler iteration: serve unit fetches, then apply the reclaim margin."""
     lender = lender_for(queue.token_to_kv_pool_allocator)
     if lender is None:
         return None
+    service = getattr(queue.token_to_kv_pool_allocator, SERVICE_ATTR, None)
+    if service is not None:
+        service.poll()
     queued = sum(queue._prealloc_required_tokens(dr.req)[0] for dr in queue.queue)
     queued += sum(queue._prealloc_required_tokens(req)[0] for req in getattr(queue, "retracted_queue", []))
     lender.rebalance(queued)

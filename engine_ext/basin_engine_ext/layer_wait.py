@@ -109,7 +109,7 @@ class LayerGroupFlags:
 @dataclass
 class FetchOutcome:
     complete: bool
-    reason: str  # "complete", "timeout" or "peer lost"
+    reason: str  # "complete", "timeout", "peer lost" or "refused" (decode declined: no unit, no room)
     groups_ready: int
     seconds: float
 
@@ -128,11 +128,13 @@ class FetchMonitor:
         poll_ready: Callable[[], Iterable[int]],
         peer_alive: Callable[[], bool] = lambda: True,
         interval_s: float = 0.001,
+        refused: Callable[[], bool] = lambda: False,
     ):
         self.flags = flags
         self.timeout_s = timeout_s
         self.poll_ready = poll_ready
         self.peer_alive = peer_alive
+        self.refused = refused
         self.interval_s = interval_s
         self.outcome: FetchOutcome | None = None
         self._thread = threading.Thread(target=self._run, name="basin-fetch-monitor", daemon=True)
@@ -157,6 +159,9 @@ class FetchMonitor:
                 self.flags.mark(group, READY)
             state = self.flags.host_state()
             if all(v == READY for v in state):
+                break
+            if self.refused():
+                reason = "refused"
                 break
             if time.monotonic() >= deadline:
                 reason = "timeout"

@@ -3,21 +3,18 @@ group, each group's WRITE carrying a notification that prefill turns into that g
 
 Both sides describe their KV memory with SGLang's own `get_contiguous_buf_infos()` of the KV pool (K
 buffers of every layer, then V buffers), so page p of buffer b lies at `ptrs[b] + p * item_lens[b]`.
-Prefill allocates destination pages, sends a `FetchRequest`, and waits per layer (`layer_wait`); decode
-plans the fetch against its unit (`DecodeLender.plan_fetch`) and writes. Memory kind is a parameter:
-"DRAM" here and in tests, "VRAM" on GPUs.
+Prefill allocates destination pages, sends a `FetchRequest`, and waits per layer (`layer_wait`);
+decode's `service.UnitService` plans the fetch against its unit (`DecodeLender.plan_fetch`) and writes.
+Memory kind is a parameter: "DRAM" here and in tests, "VRAM" on GPUs.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
-
-from basin_engine_ext.layer_wait import layer_groups
 
 logger = logging.getLogger(__name__)
 
@@ -72,20 +69,35 @@ class FetchRequest:
     layers_per_group: int
 
 
-@dataclass
-class FetchReply:
-    hit: bool
-    start: int = 0
-    end: int = 0
+MISS = -1  # the notice decode sends when it has no unit worth writing (or gave up): recompute now
 
 
 def notice(fetch_id: str, group: int) -> bytes:
-    return f"basin:{fetch_id}:{group}".encode()
+    return f"basin:{fetch_id}:{'miss' if group == MISS else group}".encode()
 
 
 def parse_notice(msg: bytes, fetch_id: str) -> int | None:
     prefix = f"basin:{fetch_id}:".encode()
-    return int(msg[len(prefix) :]) if msg.startswith(prefix) else None
+    if not msg.startswith(prefix):
+        return None
+    tail = msg[len(prefix) :]
+    return MISS if tail == b"miss" else int(tail)
+
+
+# Prefill -> decode control messages: two frames, a kind and a msgpack payload.
+FETCH, HELD = b"fetch", b"held"
+
+
+def encode_fetch(request: FetchRequest) -> list[bytes]:
+    import msgspec
+
+    return [FETCH, msgspec.msgpack.encode(request)]
+
+
+def encode_held(sessions: Iterable[str]) -> list[bytes]:
+    import msgspec
+
+    return [HELD, msgspec.msgpack.encode(sorted(sessions))]
 
 
 def make_agent(name: str, layout: KVLayout, mem_type: str = "DRAM"):
@@ -99,61 +111,23 @@ def make_agent(name: str, layout: KVLayout, mem_type: str = "DRAM"):
     return agent
 
 
-@dataclass
-class UnitWriter:
-    """Decode side: serves fetch requests from its lent units."""
-
-    agent: object
-    layout: KVLayout
-    mem_type: str = "DRAM"
-    peers: set[str] = field(default_factory=set)
-
-    def serve(self, request: FetchRequest, lender, timeout_s: float = 10.0) -> FetchReply:
-        """Plan against the session's unit; on a hit write every layer group in order, each with its
-        notification, waiting for one group's WRITE before posting the next (layer order)."""
-        plan = lender.plan_fetch(request.session, request.prompt_ids, request.local_match)
-        if plan is None:
-            return FetchReply(False)
-        src_pages = pages_of(plan.src_indices, self.layout.page_size)
-        if len(src_pages) != len(request.dst_pages):
-            raise ValueError(f"prefill sent {len(request.dst_pages)} pages for a {len(src_pages)}-page fetch")
-        if request.agent_name not in self.peers:
-            self.agent.add_remote_agent(request.agent_metadata)
-            self.peers.add(request.agent_name)
-        for g, layers in enumerate(layer_groups(self.layout.num_layers, request.layers_per_group)):
-            local = self.agent.get_xfer_descs(
-                self.layout.page_descs(self.layout.buffers_of(layers), src_pages), self.mem_type
-            )
-            remote = self.agent.get_xfer_descs(
-                request.layout.page_descs(request.layout.buffers_of(layers), request.dst_pages), self.mem_type
-            )
-            handle = self.agent.initialize_xfer(
-                "WRITE", local, remote, request.agent_name, notice(request.fetch_id, g)
-            )
-            state = self.agent.transfer(handle)
-            deadline = time.monotonic() + timeout_s
-            while state == "PROC" and time.monotonic() < deadline:
-                state = self.agent.check_xfer_state(handle)
-            self.agent.release_xfer_handle(handle)
-            if state != "DONE":
-                raise RuntimeError(f"NIXL WRITE of layer group {g} ended {state}")
-        lender.record_fetched(plan.tokens)
-        return FetchReply(True, plan.start, plan.end)
-
-
 class NoticeReader:
-    """Prefill side: turns NIXL notifications from decode into completed layer groups of one fetch."""
+    """Prefill side: turns NIXL notifications from decode into completed layer groups of one fetch;
+    a miss notice sets `refused` (decode will not write: recompute without waiting for the deadline)."""
 
     def __init__(self, agent, fetch_id: str):
         self.agent = agent
         self.fetch_id = fetch_id
+        self.refused = False
 
     def __call__(self) -> list[int]:
         done = []
         for msgs in self.agent.get_new_notifs().values():
             for msg in msgs:
                 group = parse_notice(msg, self.fetch_id)
-                if group is not None:
+                if group == MISS:
+                    self.refused = True
+                elif group is not None:
                     done.append(group)
         return done
 
@@ -248,7 +222,9 @@ class UnitFetch:
             return False
         self.dst_slots = slots
         reader = NoticeReader(self.agent, fetch_id)
-        self.monitor = self._monitor_cls(self.flags, self.timeout_s, reader, self.peer_alive).start()
+        self.monitor = self._monitor_cls(
+            self.flags, self.timeout_s, reader, self.peer_alive, refused=lambda: reader.refused
+        ).start()
         self.send(
             FetchRequest(
                 fetch_id=fetch_id,

@@ -30,6 +30,7 @@ class Unit(Generic[P]):
     token_ids: tuple[int, ...]  # the prompt those pages hold, to compare against the next turn
     pages: P
     prefill_holds: bool = False  # prefill reported it still caches this prefix
+    pinned: int = 0  # fetches reading the pages now: such a unit is neither reclaimed nor replaced
 
 
 @dataclass
@@ -87,6 +88,8 @@ class UnitStore(Generic[P]):
         old = self._units.get(session)
         if old is not None and old.turn >= turn:
             return Decision(False, "stale turn")
+        if old is not None and old.pinned:
+            return Decision(False, "in transfer")
         replaced = None
         if old is not None:
             replaced = self._remove(session)
@@ -106,6 +109,17 @@ class UnitStore(Generic[P]):
         if session in self._units:
             self._units.move_to_end(session)
 
+    def pin(self, session: str) -> Unit[P]:
+        """A fetch starts reading the unit's pages: keep them until `unpin`."""
+        unit = self._units[session]
+        unit.pinned += 1
+        return unit
+
+    def unpin(self, session: str) -> None:
+        unit = self._units.get(session)
+        if unit is not None and unit.pinned > 0:
+            unit.pinned -= 1
+
     def set_prefill_holds(self, sessions: Iterable[str]) -> None:
         """Record prefill's report: exactly these sessions' units are also cached on prefill."""
         held = set(sessions)
@@ -113,13 +127,16 @@ class UnitStore(Generic[P]):
             unit.prefill_holds = unit.session in held
 
     def discard(self, session: str) -> Unit[P] | None:
-        """Drop a session's unit (session ended); returns it so its pages can be freed."""
-        return self._remove(session) if session in self._units else None
+        """Drop a session's unit (session ended); returns it so its pages can be freed (None when absent
+        or pinned by a fetch)."""
+        unit = self._units.get(session)
+        return self._remove(session) if unit is not None and not unit.pinned else None
 
     # ------------------------------------------------------------------ reclaim
     def reclaim_order(self) -> list[Unit[P]]:
-        """Units prefill also holds (least recently used first), then the rest by LRU."""
-        units = list(self._units.values())
+        """Units prefill also holds (least recently used first), then the rest by LRU; pinned units
+        (being fetched) are not reclaimable."""
+        units = [u for u in self._units.values() if not u.pinned]
         return [u for u in units if u.prefill_holds] + [u for u in units if not u.prefill_holds]
 
     def reclaim(self, tokens: int) -> list[Unit[P]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,15 @@ else:
     import torchvision_shim  # noqa: F401  (must precede every sglang import)
 
 PAGE = 4
+REPO = Path(__file__).resolve().parents[2]
+
+
+def checkout_env(**extra: str) -> dict[str, str]:
+    """Environment for helper interpreters: this checkout's packages first on the path, whatever
+    checkout the shared SGLang venv last installed."""
+    roots = [str(REPO / name) for name in ("engine_ext", "basin")] + [str(Path(__file__).parent)]
+    path = os.pathsep.join([*roots, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return {**os.environ, "PYTHONPATH": path, **extra}
 
 
 @pytest.fixture(scope="session")

@@ -186,3 +186,26 @@ def test_lender_attaches_to_full_attention_pools_only(plugin_loaded, decode_kv) 
     )
     hooks.attach_lender(None, SimpleNamespace(token_to_kv_pool_allocator=swa))
     assert hooks.lender_for(swa) is None
+
+
+def test_unit_service_starts_with_the_lender_when_a_port_is_set(plugin_loaded, decode_kv) -> None:
+    import socket
+    from types import SimpleNamespace
+
+    from basin_engine_ext.service import UnitService
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    before = hooks._State.config
+    hooks.configure(EngineExtConfig(unit_port=port))
+    try:
+        queue = SimpleNamespace(token_to_kv_pool_allocator=decode_kv.allocator, queue=[], retracted_queue=[])
+        hooks.attach_lender(None, queue)
+        service = getattr(decode_kv.allocator, hooks.SERVICE_ATTR)
+        assert isinstance(service, UnitService) and service.mem_type == "DRAM"
+        hooks.rebalance_before_prealloc(queue)  # polls the service: nothing queued, nothing changes
+        assert service.active == []
+    finally:
+        hooks.configure(before)
+        getattr(decode_kv.allocator, hooks.SERVICE_ATTR).socket.close()

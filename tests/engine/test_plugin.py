@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
+from conftest import checkout_env
 
 pytestmark = pytest.mark.engine
 
@@ -26,7 +26,7 @@ PROBE = textwrap.dedent(
 
 
 def run_probe(env: dict[str, str], prelude: str = "") -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("BASIN_ENGINE_", "SGLANG_PLUGINS"))}
+    clean = {k: v for k, v in checkout_env().items() if not k.startswith(("BASIN_ENGINE_", "SGLANG_PLUGINS"))}
     return subprocess.run(
         [sys.executable, "-c", PROBE.format(prelude=prelude)],
         env={**clean, **env},

@@ -9,13 +9,14 @@ import socket
 import subprocess
 import sys
 import time
-from multiprocessing.connection import Client
 from pathlib import Path
 
 import pytest
 import torch
+import zmq
+from conftest import checkout_env
 
-from basin_engine_ext.transfer import KVLayout, PrefillUnitIndex, UnitFetch, make_agent
+from basin_engine_ext.transfer import KVLayout, PrefillUnitIndex, UnitFetch, encode_fetch, make_agent
 
 pytestmark = pytest.mark.engine
 
@@ -34,7 +35,7 @@ class Peer:
 
     def __init__(self, mode: str):
         self.port = free_port()
-        env = {**os.environ, "UCX_NET_DEVICES": "lo"}
+        env = checkout_env(UCX_NET_DEVICES="lo")
         self.proc = subprocess.Popen(
             [sys.executable, str(HERE / "unit_peer.py"), str(self.port), mode],
             stdout=subprocess.PIPE,
@@ -49,13 +50,20 @@ class Peer:
             if not line and self.proc.poll() is not None:
                 raise RuntimeError(f"decode peer died: {self.proc.stderr.read()[-3000:]}")
         assert "ready" in line, "decode peer did not start in time"
-        self.conn = Client(("127.0.0.1", self.port), authkey=b"basin-unit-test")
+        self.ctx = zmq.Context()
+        self.push = self.ctx.socket(zmq.PUSH)
+        self.push.setsockopt(zmq.LINGER, 0)
+        self.push.connect(f"tcp://127.0.0.1:{self.port}")
+
+    def send(self, request) -> None:
+        self.push.send_multipart(encode_fetch(request))
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
     def close(self) -> None:
-        self.conn.close()
+        self.push.close()
+        self.ctx.term()
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(10)
@@ -85,7 +93,7 @@ def test_unit_pages_arrive_byte_equal_in_layer_order(prefill) -> None:
     before = kv.allocator.available_size()
     decode = Peer("serve")
     try:
-        fetch = UnitFetch(agent, "prefill-0", kv.allocator, layout, decode.conn.send, decode.alive, 20.0, 2)
+        fetch = UnitFetch(agent, "prefill-0", kv.allocator, layout, decode.send, decode.alive, 20.0, 2)
         assert fetch.start("f1", SESSION, prompt, local_match, covered)
         assert (fetch.start_token, fetch.end_token) == (12, 48)
         positions = torch.arange(12, 48)
@@ -98,8 +106,6 @@ def test_unit_pages_arrive_byte_equal_in_layer_order(prefill) -> None:
             assert torch.equal(v.view(torch.int16), unit_values(layer, 1, positions).view(torch.int16))
         outcome = fetch.finish()
         assert outcome.complete and outcome.groups_ready == 3
-        reply = decode.conn.recv() if decode.conn.poll(20) else None
-        assert reply is not None and reply.hit and (reply.start, reply.end) == (12, 48)
         assert kv.allocator.available_size() == before - 36  # the fetched pages now belong to prefill
     finally:
         decode.close()
@@ -114,9 +120,7 @@ def test_stalled_or_dead_decode_falls_back_to_recomputation_within_the_timeout(p
     decode = Peer(mode)
     timeout = 1.5
     try:
-        fetch = UnitFetch(
-            agent, "prefill-0", kv.allocator, layout, decode.conn.send, decode.alive, timeout, 2
-        )
+        fetch = UnitFetch(agent, "prefill-0", kv.allocator, layout, decode.send, decode.alive, timeout, 2)
         t0 = time.monotonic()
         assert fetch.start("f2", SESSION, PROMPT, 0, len(PROMPT))
         assert not fetch.wait_layer(0)  # released by the monitor, not by data
@@ -127,6 +131,24 @@ def test_stalled_or_dead_decode_falls_back_to_recomputation_within_the_timeout(p
         if reason == "timeout":
             assert waited >= timeout - 0.05
         assert kv.allocator.available_size() == before  # destination pages went back
+    finally:
+        decode.close()
+
+
+def test_decode_without_a_matching_unit_says_so_and_prefill_recomputes_at_once(prefill) -> None:
+    """A unit that no longer matches the prompt (or is gone) gets a miss notice, not a timeout."""
+    from unit_peer import PROMPT, SESSION
+
+    kv, layout, agent = prefill
+    decode = Peer("serve")
+    try:
+        fetch = UnitFetch(agent, "prefill-0", kv.allocator, layout, decode.send, decode.alive, 20.0, 2)
+        t0 = time.monotonic()
+        other = [1, *PROMPT]  # diverges at the first token
+        assert fetch.start("f3", SESSION, other, 0, len(PROMPT))
+        assert not fetch.wait_layer(0)
+        outcome = fetch.finish()
+        assert outcome.reason == "refused" and time.monotonic() - t0 < 10
     finally:
         decode.close()
 
@@ -148,3 +170,32 @@ def test_prefill_reports_the_units_its_own_cache_still_holds() -> None:
     assert index.held_sessions(match) == {"decode-0": ["a", "c"]}
     assert index.worth_fetching("b", [1, 2, 9, 9, 10], local_match=2) == 2
     assert index.worth_fetching("b", [1, 2, 9], local_match=3) == 0
+
+
+def test_decode_service_takes_prefill_held_report_into_its_reclaim_order(decode_kv) -> None:
+    from basin_engine_ext.hooks import make_lender
+    from basin_engine_ext.service import UnitService
+    from basin_engine_ext.transfer import encode_held
+
+    lender = make_lender(decode_kv.allocator)
+    for name in ("a", "b", "c"):
+        assert lender.adopt(name, 1, list(range(16)), decode_kv.allocator.alloc(16)) == 16
+    layout = KVLayout.from_pool(decode_kv.pool)
+    ctx = zmq.Context()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    for sock in (pull, push):
+        sock.setsockopt(zmq.LINGER, 0)
+    port = pull.bind_to_random_port("tcp://127.0.0.1")
+    push.connect(f"tcp://127.0.0.1:{port}")
+    try:
+        service = UnitService(lender, layout, make_agent("decode-held", layout), pull)
+        push.send_multipart(encode_held(["c", "b"]))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(u.prefill_holds for u in lender.store.units()):
+            service.poll()
+            time.sleep(0.01)
+        assert [u.session for u in lender.store.reclaim_order()] == ["b", "c", "a"]
+    finally:
+        push.close()
+        pull.close()
+        ctx.term()

@@ -19,6 +19,8 @@ op = st.one_of(
     st.tuples(st.just("rebalance"), st.integers(0, CAP)),
     st.tuples(st.just("reclaim"), st.integers(0, CAP)),
     st.tuples(st.just("discard"), sessions),
+    st.tuples(st.just("pin"), sessions),
+    st.tuples(st.just("unpin"), sessions),
 )
 
 
@@ -31,6 +33,7 @@ def store() -> UnitStore[str]:
 def test_books_and_cap_hold_after_any_sequence(ops: list[tuple]) -> None:
     s = store()
     turns: dict[str, int] = {}
+    pinned_before: list = []
     for o in ops:
         if o[0] == "adopt":
             _, sess, tokens, demand = o
@@ -48,13 +51,21 @@ def test_books_and_cap_hold_after_any_sequence(ops: list[tuple]) -> None:
             s.set_prefill_holds(o[1])
         elif o[0] == "rebalance":
             s.rebalance(o[1])
-            assert len(s) == 0 or s.headroom(o[1]) >= 0.05 * CAP
+            assert all(u.pinned for u in s.units()) or s.headroom(o[1]) >= 0.05 * CAP
         elif o[0] == "reclaim":
-            lent = s.lent
+            reclaimable = sum(u.tokens for u in s.units() if not u.pinned)
             freed = sum(u.tokens for u in s.reclaim(o[1]))
-            assert freed >= min(o[1], lent)
+            assert freed >= min(o[1], reclaimable)
+        elif o[0] == "pin":
+            if o[1] in s:
+                s.pin(o[1])
+        elif o[0] == "unpin":
+            s.unpin(o[1])
         else:
             s.discard(o[1])
+        pinned = {u.session: u for u in s.units() if u.pinned}
+        assert all(p.session in s for p in pinned_before)  # a pinned unit is never removed
+        pinned_before = list(pinned.values())
         assert s.lent == sum(u.tokens for u in s.units())
         assert s.lent <= 0.5 * CAP
         assert len({u.session for u in s.units()}) == len(s)  # one unit per session
@@ -116,3 +127,15 @@ def test_refusals_name_their_rule() -> None:
     assert s.adopt("a", 1, range(501), 501, None, demand=0).reason == "lend cap"
     assert s.adopt("b", 1, range(100), 100, None, demand=850).reason == "headroom"
     assert s.adopt("c", 1, range(100), 100, None, demand=800).adopted  # exactly 10 % left
+
+
+def test_a_pinned_unit_is_skipped_by_reclaim_and_kept_on_replacement() -> None:
+    s = store()
+    for name in ("a", "b"):
+        s.adopt(name, 1, range(40), 40, name, demand=0)
+    s.pin("a")
+    assert [u.session for u in s.reclaim(100)] == ["b"]
+    assert s.adopt("a", 2, range(50), 50, "a2", demand=0).reason == "in transfer"
+    assert s.discard("a") is None
+    s.unpin("a")
+    assert [u.session for u in s.reclaim(1)] == ["a"]

@@ -2,7 +2,9 @@
 CPU, one lent unit with known bytes, a NIXL agent, and a control socket taking `FetchRequest`s.
 
 Usage: python unit_peer.py PORT MODE   (MODE: serve | stall | die)
-Prints one line `ready` when it listens. `stall` takes a request and never writes; `die` exits on it.
+Prints one line `ready` when it listens. `serve` polls the unit service as a decode scheduler loop
+would; `stall` never reads its requests; `die` exits as soon as a request arrives. Ends by itself after
+two minutes at most.
 """
 
 from __future__ import annotations
@@ -10,15 +12,16 @@ from __future__ import annotations
 import os
 import sys
 import time
-from multiprocessing.connection import Listener
 
 import torch
-import torchvision_shim  # noqa: F401
+import torchvision_shim  # noqa: F401  (before any sglang import)
+import zmq
 
 from basin_engine_ext.hooks import make_lender
-from basin_engine_ext.transfer import KVLayout, UnitWriter, make_agent
+from basin_engine_ext.service import UnitService
+from basin_engine_ext.transfer import KVLayout, make_agent
 
-AUTH = b"basin-unit-test"
+LIFETIME_S = 120
 SESSION = "sess-1"
 UNIT_TOKENS = 48  # 12 pages of 4
 PROMPT = [7000 + i for i in range(UNIT_TOKENS)]
@@ -45,20 +48,18 @@ def main() -> None:
     lender = make_lender(kv.allocator)
     assert lender.adopt(SESSION, 1, PROMPT, slots) == UNIT_TOKENS
     layout = KVLayout.from_pool(kv.pool)
-    writer = UnitWriter(make_agent("decode-0", layout), layout)
-    with Listener(("127.0.0.1", port), authkey=AUTH) as listener:
-        print("ready", flush=True)
-        with listener.accept() as conn:
-            while True:
-                try:
-                    request = conn.recv()
-                except EOFError:
-                    return
-                if mode == "die":
-                    os._exit(3)
-                if mode == "stall":
-                    time.sleep(3600)
-                conn.send(writer.serve(request, lender))
+    socket = zmq.Context().socket(zmq.PULL)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.bind(f"tcp://127.0.0.1:{port}")
+    service = UnitService(lender, layout, make_agent("decode-0", layout), socket)
+    print("ready", flush=True)
+    end = time.monotonic() + LIFETIME_S
+    if mode == "die" and socket.poll(LIFETIME_S * 1000):
+        os._exit(3)
+    while time.monotonic() < end:
+        if mode == "serve":
+            service.poll()  # what the decode scheduler does once per loop iteration
+        time.sleep(0.0005)
 
 
 if __name__ == "__main__":
