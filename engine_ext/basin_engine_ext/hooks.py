@@ -172,6 +172,10 @@ def rebalance_before_prealloc(queue: Any, *args: Any, **kwargs: Any) -> None:
         service.poll()
     queued = sum(queue._prealloc_required_tokens(dr.req)[0] for dr in queue.queue)
     queued += sum(queue._prealloc_required_tokens(req)[0] for req in getattr(queue, "retracted_queue", []))
+    if queue.queue or queue.retracted_queue:
+        # SGLang admits from the queue only above its per-request decode reserve for active requests;
+        # count it too, or units could hold exactly the room that reserve keeps the queue out of.
+        queued += queue._active_reserved_tokens()
     lender.rebalance(queued)
     return None
 

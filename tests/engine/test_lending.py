@@ -122,9 +122,11 @@ def test_fetch_plan_hits_only_beyond_the_local_match(plugin_loaded, decode_kv) -
 
 
 def test_queued_decode_demand_reclaims_units_down_to_the_lower_margin(plugin_loaded, decode_kv) -> None:
-    """The BEFORE hook on DecodePreallocQueue.pop_preallocated, on SGLang's real queue class: requests
-    waiting for decode memory count as demand, and units are reclaimed until room above running plus
-    queued demand is back at the reclaim margin (5 % of 256 tokens here)."""
+    """The BEFORE hook on DecodePreallocQueue.pop_preallocated, on SGLang's real queue accounting:
+    requests waiting for decode memory and SGLang's decode reserve for active requests count as demand,
+    and units are reclaimed until room above that demand is back at the reclaim margin (5 % of 256)."""
+    from types import SimpleNamespace
+
     from sglang.srt.disaggregation.decode import DecodePreallocQueue, DecodeRequest
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.sampling.sampling_params import SamplingParams
@@ -137,19 +139,23 @@ def test_queued_decode_demand_reclaims_units_down_to_the_lower_margin(plugin_loa
     queue.token_to_kv_pool = decode_kv.pool
     queue.num_reserved_decode_tokens = 8
     queue.retracted_queue = []
+    queue.transfer_queue = SimpleNamespace(queue=[])
+    queue.scheduler = SimpleNamespace(running_batch=SimpleNamespace(reqs=[]), waiting_queue=[])
     waiting = Req(
-        rid="w", origin_input_text="", origin_input_ids=list(range(140)), sampling_params=SamplingParams()
+        rid="w", origin_input_text="", origin_input_ids=list(range(120)), sampling_params=SamplingParams()
     )
     queue.queue = [DecodeRequest(req=waiting, kv_receiver=None)]
     need = queue._prealloc_required_tokens(waiting)[0]
-    assert need == 140 + 8  # the prompt, page-aligned, and the per-request decode reserve
+    assert need == 120 + 8  # the prompt, page-aligned, and the per-request decode reserve
 
-    assert decode_kv.allocator.size - need - lender.store.lent < 0.05 * decode_kv.allocator.size
+    hooks.rebalance_before_prealloc(queue)  # 256 - 128 queued - 96 lent = 32 free, above 12.8
+    assert len(lender.store) == 3
+    queue.scheduler.running_batch.reqs = ["r1", "r2", "r3"]  # SGLang reserves 8 tokens for each: 8 left
     hooks.rebalance_before_prealloc(queue)
-    free_above_demand = decode_kv.allocator.size - need - lender.store.lent
-    assert free_above_demand >= 0.05 * decode_kv.allocator.size
+    demand = need + queue._active_reserved_tokens()
+    assert decode_kv.allocator.size - demand - lender.store.lent >= 0.05 * decode_kv.allocator.size
     assert [u.session for u in lender.store.units()] == ["b", "c"]  # the LRU unit went first
-    hooks.rebalance_before_prealloc(queue)  # margin holds: nothing more is taken
+    hooks.rebalance_before_prealloc(queue)  # the margin holds: nothing more is taken
     assert len(lender.store) == 2
 
 
