@@ -118,6 +118,7 @@ def attach_lender(result: Any, queue: Any, *args: Any, **kwargs: Any) -> None:
         )
         return
     lender = make_lender(allocator)
+    lender.queued_demand = lambda: queued_demand(queue)
     if _State.config.unit_port:
         start_unit_service(lender, allocator, _State.config.unit_port + int(_sglang_labels()["tp_rank"] or 0))
     logger.info("basin lending on: capacity %d tokens, cap %.2f", allocator.size, _State.config.lend_cap)
@@ -170,14 +171,19 @@ def rebalance_before_prealloc(queue: Any, *args: Any, **kwargs: Any) -> None:
     service = getattr(queue.token_to_kv_pool_allocator, SERVICE_ATTR, None)
     if service is not None:
         service.poll()
+    lender.rebalance(queued_demand(queue))
+    return None
+
+
+def queued_demand(queue: Any) -> int:
+    """Decode KV that requests waiting in SGLang's prealloc (and retracted) queues will need."""
     queued = sum(queue._prealloc_required_tokens(dr.req)[0] for dr in queue.queue)
-    queued += sum(queue._prealloc_required_tokens(req)[0] for req in getattr(queue, "retracted_queue", []))
+    queued += sum(queue._prealloc_required_tokens(req)[0] for req in queue.retracted_queue)
     if queue.queue or queue.retracted_queue:
         # SGLang admits from the queue only above its per-request decode reserve for active requests;
         # count it too, or units could hold exactly the room that reserve keeps the queue out of.
         queued += queue._active_reserved_tokens()
-    lender.rebalance(queued)
-    return None
+    return queued
 
 
 def evict_then_reclaim(original: Any, allocator: Any, tree_cache: Any, num_tokens: int) -> Any:

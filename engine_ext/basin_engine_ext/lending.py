@@ -8,7 +8,7 @@ module only moves page indices between SGLang's allocator and the store.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -40,12 +40,17 @@ class DecodeLender:
         self.store = store
         self.metrics = metrics
         self.page_size = int(allocator.page_size)
+        # What requests queued for decode memory will need; set by the decode hook to read SGLang's
+        # prealloc queue, so adoption leaves their room free.
+        self.queued_demand: Callable[[], int] = lambda: 0
 
     # ------------------------------------------------------------------ demand
-    def demand_tokens(self, queued_tokens: int = 0) -> int:
-        """Decode demand: slots in use by requests (not by units) plus what queued requests need."""
+    def demand_tokens(self, queued_tokens: int | None = None) -> int:
+        """Decode demand: slots in use by requests (not by units) plus what queued requests need
+        (`queued_tokens`, or the queue the lender watches)."""
         in_use = self.allocator.size - self.allocator.available_size() - self.store.lent
-        return max(0, in_use) + queued_tokens
+        queued = self.queued_demand() if queued_tokens is None else queued_tokens
+        return max(0, in_use) + queued
 
     # ------------------------------------------------------------------ adopt
     def adopt(
@@ -54,7 +59,7 @@ class DecodeLender:
         turn: int,
         token_ids: Sequence[int],
         kv_indices: torch.Tensor,
-        queued_tokens: int = 0,
+        queued_tokens: int | None = None,
         releasing: int | None = None,
     ) -> int:
         """Try to keep the whole pages of a finished prompt as the session's unit.
@@ -84,7 +89,7 @@ class DecodeLender:
         """Free at least `tokens` of lent slots (prefill-held units first, then LRU); returns freed."""
         return self._free(self.store.reclaim(tokens))
 
-    def rebalance(self, queued_tokens: int = 0) -> int:
+    def rebalance(self, queued_tokens: int | None = None) -> int:
         """Apply the lower reclaim margin against current demand; returns tokens freed."""
         return self._free(self.store.rebalance(self.demand_tokens(queued_tokens)))
 

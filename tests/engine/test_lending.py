@@ -159,6 +159,40 @@ def test_queued_decode_demand_reclaims_units_down_to_the_lower_margin(plugin_loa
     assert len(lender.store) == 2
 
 
+def test_adoption_leaves_room_for_requests_queued_for_decode_memory(plugin_loaded, decode_kv) -> None:
+    """The lender attached by the decode hook reads SGLang's prealloc queue when it adopts."""
+    from types import SimpleNamespace
+
+    from sglang.srt.disaggregation.decode import DecodePreallocQueue, DecodeRequest
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.mem_cache.common import release_kv_cache
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    queue = object.__new__(DecodePreallocQueue)
+    queue.token_to_kv_pool_allocator = decode_kv.allocator
+    queue.token_to_kv_pool = decode_kv.pool
+    queue.num_reserved_decode_tokens = 8
+    queue.retracted_queue = []
+    queue.transfer_queue = SimpleNamespace(queue=[])
+    queue.scheduler = SimpleNamespace(running_batch=SimpleNamespace(reqs=[]), waiting_queue=[])
+    queue.queue = []
+    hooks.attach_lender(None, queue)
+    lender = hooks.lender_for(decode_kv.allocator)
+
+    waiting = Req(
+        rid="w", origin_input_text="", origin_input_ids=list(range(200)), sampling_params=SamplingParams()
+    )
+    queue.queue = [DecodeRequest(req=waiting, kv_receiver=None)]  # needs 208 of 256
+    req = decode_kv.finished_request("r1", list(range(24)), outputs=4, custom_params=MARK)
+    release_kv_cache(req, decode_kv.tree, checkpoint=False)
+    assert len(lender.store) == 0  # 256 - 208 - 24 would leave less than 10 %
+
+    queue.queue = []
+    req = decode_kv.finished_request("r2", list(range(24)), outputs=4, custom_params=MARK)
+    release_kv_cache(req, decode_kv.tree, checkpoint=False)
+    assert lender.store.lent == 24
+
+
 def test_lender_attaches_to_full_attention_pools_only(plugin_loaded, decode_kv) -> None:
     """The AFTER hook on DecodePreallocQueue.__init__: a paged or token MHA allocator gets a lender, a
     sliding-window (hybrid) one does not."""
