@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 
-# No GPU here: Triton kernels (ours and SGLang's) run in Triton's interpreter on CPU tensors.
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
 if importlib.util.find_spec("sglang") is None:
     collect_ignore_glob = ["test_*.py"]
 else:
+    # The tests' tensors live on the CPU: Triton kernels (ours and SGLang's) run in its interpreter.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
     import torchvision_shim  # noqa: F401  (must precede every sglang import)
 
 PAGE = 4
