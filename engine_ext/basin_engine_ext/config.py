@@ -24,10 +24,7 @@ class EngineExtConfig:
     adopt_headroom: float = 0.10  # adopt only if this share stays free above decode demand
     reclaim_headroom: float = 0.05  # reclaim units once free room above demand falls below this
     bootstrap_priority: bool = True  # order the prefill bootstrap queue by request priority
-    prefill_complete_nixl: bool = (
-        True  # admit --disaggregation-decode-allocation-policy prefill_complete on NIXL
-    )
-    layer_wait_timeout_s: float = 2.0  # a unit fetch not complete by then falls back to recomputation
+    prefill_complete_nixl: bool = True  # accept the prefill_complete allocation policy on NIXL
     unit_port: int = 0  # decode: serve unit fetches on this TCP port (+ tp rank); 0 = no unit service
     metrics: bool = True
 
@@ -39,8 +36,6 @@ class EngineExtConfig:
                 "need 0 <= reclaim_headroom <= adopt_headroom < 1 (reclaim starts at a lower margin than "
                 f"adoption), got {self.reclaim_headroom} and {self.adopt_headroom}"
             )
-        if self.layer_wait_timeout_s <= 0:
-            raise ValueError("layer_wait_timeout_s must be positive")
         if not 0 <= self.unit_port < 65536:
             raise ValueError(f"unit_port must be a TCP port or 0, got {self.unit_port}")
 
@@ -55,7 +50,6 @@ class EngineExtConfig:
             "RECLAIM_HEADROOM": ("reclaim_headroom", float),
             "BOOTSTRAP_PRIORITY": ("bootstrap_priority", _bool),
             "PREFILL_COMPLETE_NIXL": ("prefill_complete_nixl", _bool),
-            "LAYER_WAIT_TIMEOUT_S": ("layer_wait_timeout_s", float),
             "UNIT_PORT": ("unit_port", int),
             "METRICS": ("metrics", _bool),
         }
