@@ -9,6 +9,9 @@ Targets (dotted paths resolved by SGLang's HookRegistry, which also rebinds `fro
   lent units before the caller falls back to retracting a running request;
 - `mem_cache.common.release_kv_cache` (BEFORE): a finished, gateway-marked request's prompt pages become
   the session's unit instead of going back to the free list;
+- `SchedulerInvariantChecker._check_full_pool` (AROUND): count lent slots in SGLang's memory-conservation
+  check (available + evictable + protected + held + request-owned = total), which otherwise reports
+  them as a leak;
 - `PrefillBootstrapQueue.pop_bootstrapped` (AROUND): order the bootstrap queue by request priority;
 - reservation at prefill completion over NIXL: see `reservation.py`.
 """
@@ -33,6 +36,8 @@ TARGETS = {
     "reclaim": "sglang.srt.mem_cache.allocator.base.BaseTokenToKVPoolAllocator.evict_to_free_tokens",
     "adopt": "sglang.srt.mem_cache.common.release_kv_cache",
     "bootstrap": "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.pop_bootstrapped",
+    "memcheck": "sglang.srt.managers.scheduler_components.invariant_checker."
+    "SchedulerInvariantChecker._check_full_pool",
 }
 
 
@@ -80,6 +85,7 @@ def register_hooks() -> None:
         HookRegistry.register(TARGETS["rebalance"], rebalance_before_prealloc, HookType.BEFORE)
         HookRegistry.register(TARGETS["reclaim"], evict_then_reclaim, HookType.AROUND)
         HookRegistry.register(TARGETS["adopt"], adopt_before_release, HookType.BEFORE)
+        HookRegistry.register(TARGETS["memcheck"], count_lent_in_memory_check, HookType.AROUND)
     if cfg.bootstrap_priority:
         HookRegistry.register(TARGETS["bootstrap"], pop_bootstrapped_by_priority, HookType.AROUND)
     if cfg.prefill_complete_nixl:
@@ -193,6 +199,13 @@ def evict_then_reclaim(original: Any, allocator: Any, tree_cache: Any, num_token
     if lender is not None and allocator.available_size() < num_tokens:
         lender.ensure_available(num_tokens)
     return result
+
+
+def count_lent_in_memory_check(original: Any, checker: Any, ps: Any, uncached: int = 0) -> Any:
+    lender = lender_for(checker.token_to_kv_pool_allocator)
+    if lender is not None:
+        uncached += lender.store.lent
+    return original(checker, ps, uncached=uncached)
 
 
 def lend_mark(req: Any) -> str | None:
