@@ -12,6 +12,8 @@ Targets (dotted paths resolved by SGLang's HookRegistry, which also rebinds `fro
 - `SchedulerInvariantChecker._check_full_pool` (AROUND): count lent slots in SGLang's memory-conservation
   check (available + evictable + protected + held + request-owned = total), which otherwise reports
   them as a leak;
+- `PagedTokenToKVPoolAllocator.clear`, `TokenToKVPoolAllocator.clear` (AFTER): a cache flush returns
+  every page, units included, so the lender forgets its units rather than free them twice later;
 - `PrefillBootstrapQueue.pop_bootstrapped` (AROUND): order the bootstrap queue by request priority;
 - reservation at prefill completion over NIXL: see `reservation.py`.
 """
@@ -38,6 +40,8 @@ TARGETS = {
     "bootstrap": "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.pop_bootstrapped",
     "memcheck": "sglang.srt.managers.scheduler_components.invariant_checker."
     "SchedulerInvariantChecker._check_full_pool",
+    "clear_paged": "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.clear",
+    "clear_token": "sglang.srt.mem_cache.allocator.token.TokenToKVPoolAllocator.clear",
 }
 
 
@@ -86,6 +90,8 @@ def register_hooks() -> None:
         HookRegistry.register(TARGETS["reclaim"], evict_then_reclaim, HookType.AROUND)
         HookRegistry.register(TARGETS["adopt"], adopt_before_release, HookType.BEFORE)
         HookRegistry.register(TARGETS["memcheck"], count_lent_in_memory_check, HookType.AROUND)
+        HookRegistry.register(TARGETS["clear_paged"], forget_units_on_clear, HookType.AFTER)
+        HookRegistry.register(TARGETS["clear_token"], forget_units_on_clear, HookType.AFTER)
     if cfg.bootstrap_priority:
         HookRegistry.register(TARGETS["bootstrap"], pop_bootstrapped_by_priority, HookType.AROUND)
     if cfg.prefill_complete_nixl:
@@ -199,6 +205,12 @@ def evict_then_reclaim(original: Any, allocator: Any, tree_cache: Any, num_token
     if lender is not None and allocator.available_size() < num_tokens:
         lender.ensure_available(num_tokens)
     return result
+
+
+def forget_units_on_clear(result: Any, allocator: Any, *args: Any, **kwargs: Any) -> None:
+    lender = lender_for(allocator)
+    if lender is not None:
+        lender.forget_all()
 
 
 def count_lent_in_memory_check(original: Any, checker: Any, ps: Any, uncached: int = 0) -> Any:

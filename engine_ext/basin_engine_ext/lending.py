@@ -98,6 +98,11 @@ class DecodeLender:
         short = num_tokens - self.allocator.available_size()
         return self.reclaim(short) if short > 0 else 0
 
+    def forget_all(self) -> None:
+        """SGLang cleared the allocator (cache flush, role switch): every page is free again already."""
+        self.store.forget_all()
+        self._publish()
+
     def discard(self, session: str) -> int:
         unit = self.store.discard(session)
         return self._free([unit], reclaimed=False) if unit is not None else 0

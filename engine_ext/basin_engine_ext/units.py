@@ -132,6 +132,11 @@ class UnitStore(Generic[P]):
         unit = self._units.get(session)
         return self._remove(session) if unit is not None and not unit.pinned else None
 
+    def forget_all(self) -> None:
+        """The pages behind every unit were returned wholesale (SGLang cleared its allocator)."""
+        self._units.clear()
+        self.lent = 0
+
     # ------------------------------------------------------------------ reclaim
     def reclaim_order(self) -> list[Unit[P]]:
         """Units prefill also holds (least recently used first), then the rest by LRU; pinned units

@@ -277,3 +277,15 @@ def test_sglang_memory_check_accounts_for_lent_slots(plugin_loaded, decode_kv) -
     assert leak, msg  # SGLang alone sees 24 tokens missing
     leak, msg = checker._check_full_pool(stats, uncached=0)
     assert not leak, msg
+
+
+def test_a_cache_flush_forgets_units_instead_of_freeing_them_twice(plugin_loaded, decode_kv) -> None:
+    lender = hooks.make_lender(decode_kv.allocator)
+    for name in ("a", "b"):
+        lender.adopt(name, 1, list(range(16)), decode_kv.allocator.alloc(16))
+    decode_kv.allocator.clear()  # what SGLang's flush_cache does
+    assert len(lender.store) == 0 and lender.store.lent == 0
+    assert decode_kv.allocator.available_size() == decode_kv.allocator.size
+    assert lender.reclaim(1000) == 0
+    free = decode_kv.allocator.get_all_free_pages()
+    assert torch.unique(free).numel() == free.numel()  # no page on the free list twice
