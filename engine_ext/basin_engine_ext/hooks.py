@@ -192,9 +192,12 @@ def queued_demand(queue: Any) -> int:
     queued = sum(queue._prealloc_required_tokens(dr.req)[0] for dr in queue.queue)
     queued += sum(queue._prealloc_required_tokens(req)[0] for req in queue.retracted_queue)
     if queue.queue or queue.retracted_queue:
-        # SGLang admits from the queue only above its per-request decode reserve for active requests;
-        # count it too, or units could hold exactly the room that reserve keeps the queue out of.
-        queued += queue._active_reserved_tokens()
+        # SGLang admits from the queue only above max(its decode reserve for active requests, the
+        # room one running request may still grow into); count the same, or units could hold exactly
+        # the room that keeps the queue out.
+        running = queue.scheduler.running_batch.reqs
+        retractable = sum(len(r.origin_input_ids) + len(r.output_ids) for r in running)
+        queued += max(queue._active_reserved_tokens(), queue._need_space_for_single_req(retractable))
     return queued
 
 

@@ -150,9 +150,18 @@ def test_queued_decode_demand_reclaims_units_down_to_the_lower_margin(plugin_loa
 
     hooks.rebalance_before_prealloc(queue)  # 256 - 128 queued - 96 lent = 32 free, above 12.8
     assert len(lender.store) == 3
-    queue.scheduler.running_batch.reqs = ["r1", "r2", "r3"]  # SGLang reserves 8 tokens for each: 8 left
+    running = [
+        Req(
+            rid=f"r{i}",
+            origin_input_text="",
+            origin_input_ids=[1, 2, 3, 4],
+            sampling_params=SamplingParams(max_new_tokens=8),
+        )
+        for i in range(3)
+    ]
+    queue.scheduler.running_batch.reqs = running  # SGLang reserves 8 tokens for each: 8 left
     hooks.rebalance_before_prealloc(queue)
-    demand = need + queue._active_reserved_tokens()
+    demand = need + max(queue._active_reserved_tokens(), queue._need_space_for_single_req(12))
     assert decode_kv.allocator.size - demand - lender.store.lent >= 0.05 * decode_kv.allocator.size
     assert [u.session for u in lender.store.units()] == ["b", "c"]  # the LRU unit went first
     hooks.rebalance_before_prealloc(queue)  # the margin holds: nothing more is taken
