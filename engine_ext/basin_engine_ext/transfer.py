@@ -10,13 +10,10 @@ Memory kind is a parameter: "DRAM" here and in tests, "VRAM" on GPUs.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
