@@ -13,9 +13,14 @@ WANT=$(cat "$0" "$HERE/torchvision_shim.py" | sha256sum | cut -c1-16)
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
   exit 0
 fi
+mkdir -p "$(dirname "$V")"
+exec 9>"$V.lock"
+flock 9  # one build at a time per machine (CI and a developer may start together)
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
+  exit 0  # built by whoever held the lock before us
+fi
 echo "building the SGLang CPU venv in $V (once per machine; a few minutes)" >&2
 rm -rf "$V"
-mkdir -p "$(dirname "$V")"
 python3 -m venv "$V"
 P="$V/bin/pip"
 "$P" install -q --upgrade pip
