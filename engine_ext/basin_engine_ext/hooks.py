@@ -1,0 +1,283 @@
+"""The hooks this plugin places on SGLang 0.5.23, each a small function over SGLang's own objects.
+
+Targets (dotted paths resolved by SGLang's HookRegistry, which also rebinds `from X import f` copies):
+- `DecodePreallocQueue.__init__` (AFTER): attach a `DecodeLender` to the decode allocator;
+- `DecodePreallocQueue.pop_preallocated` (BEFORE): poll the unit service (when `BASIN_ENGINE_UNIT_PORT`
+  is set), then reclaim units at the lower margin against running plus queued decode demand, so queued
+  requests find their room;
+- `BaseTokenToKVPoolAllocator.evict_to_free_tokens` (AROUND): after SGLang's own tree eviction, free
+  lent units before the caller falls back to retracting a running request;
+- `mem_cache.common.release_kv_cache` (BEFORE): a finished, gateway-marked request's prompt pages become
+  the session's unit instead of going back to the free list;
+- `SchedulerInvariantChecker._check_full_pool` (AROUND): count lent slots in SGLang's memory-conservation
+  check (available + evictable + protected + held + request-owned = total), which otherwise reports
+  them as a leak;
+- `PagedTokenToKVPoolAllocator.clear`, `TokenToKVPoolAllocator.clear` (AFTER): a cache flush returns
+  every page, units included, so the lender forgets its units rather than free them twice later;
+- `PrefillBootstrapQueue.pop_bootstrapped` (AROUND): order the bootstrap queue by request priority;
+- reservation at prefill completion over NIXL: see `reservation.py`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from basin_engine_ext.config import LEND_KEY, SESSION_KEY, EngineExtConfig
+from basin_engine_ext.lending import DecodeLender
+from basin_engine_ext.metrics import EngineMetrics
+from basin_engine_ext.units import UnitStore
+
+logger = logging.getLogger(__name__)
+
+LENDER_ATTR = "_basin_lender"
+
+TARGETS = {
+    "attach": "sglang.srt.disaggregation.decode.DecodePreallocQueue.__init__",
+    "rebalance": "sglang.srt.disaggregation.decode.DecodePreallocQueue.pop_preallocated",
+    "reclaim": "sglang.srt.mem_cache.allocator.base.BaseTokenToKVPoolAllocator.evict_to_free_tokens",
+    "adopt": "sglang.srt.mem_cache.common.release_kv_cache",
+    "bootstrap": "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.pop_bootstrapped",
+    "memcheck": "sglang.srt.managers.scheduler_components.invariant_checker."
+    "SchedulerInvariantChecker._check_full_pool",
+    "clear_paged": "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.clear",
+    "clear_token": "sglang.srt.mem_cache.allocator.token.TokenToKVPoolAllocator.clear",
+}
+
+
+class _State:
+    """The process's plugin settings and metrics (one SGLang scheduler process, one state)."""
+
+    config: EngineExtConfig = EngineExtConfig()
+    metrics: EngineMetrics | None = None
+
+
+def configure(config: EngineExtConfig) -> None:
+    _State.config = config
+
+
+def engine_metrics() -> EngineMetrics | None:
+    """The process's metrics, created on first use with SGLang's scheduler labels."""
+    if not _State.config.metrics:
+        return None
+    if _State.metrics is None:
+        _State.metrics = EngineMetrics.create(_sglang_labels())
+    return _State.metrics
+
+
+def _sglang_labels() -> dict[str, str]:
+    try:
+        from sglang.srt.disaggregation.utils import DisaggregationMode
+        from sglang.srt.runtime_context import get_disagg, get_parallel, get_serving
+
+        return {
+            "model_name": str(get_serving().served_model_name),
+            "engine_type": DisaggregationMode.to_engine_type(get_disagg().disaggregation_mode),
+            "tp_rank": str(get_parallel().tp_rank),
+        }
+    except Exception:  # runtime context not initialised (outside a scheduler process)
+        return {"model_name": "", "engine_type": "", "tp_rank": ""}
+
+
+def register_hooks() -> None:
+    """Register every enabled hook with SGLang's HookRegistry (applied by `load_plugins`)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    cfg = _State.config
+    if cfg.lending:
+        HookRegistry.register(TARGETS["attach"], attach_lender, HookType.AFTER)
+        HookRegistry.register(TARGETS["rebalance"], rebalance_before_prealloc, HookType.BEFORE)
+        HookRegistry.register(TARGETS["reclaim"], evict_then_reclaim, HookType.AROUND)
+        HookRegistry.register(TARGETS["adopt"], adopt_before_release, HookType.BEFORE)
+        HookRegistry.register(TARGETS["memcheck"], count_lent_in_memory_check, HookType.AROUND)
+        HookRegistry.register(TARGETS["clear_paged"], forget_units_on_clear, HookType.AFTER)
+        HookRegistry.register(TARGETS["clear_token"], forget_units_on_clear, HookType.AFTER)
+    if cfg.bootstrap_priority:
+        HookRegistry.register(TARGETS["bootstrap"], pop_bootstrapped_by_priority, HookType.AROUND)
+    if cfg.prefill_complete_nixl:
+        from basin_engine_ext import reservation
+
+        reservation.register_hooks()
+
+
+# ---------------------------------------------------------------------- lending
+def lender_for(allocator: Any) -> DecodeLender | None:
+    return getattr(allocator, LENDER_ATTR, None)
+
+
+def make_lender(allocator: Any, config: EngineExtConfig | None = None) -> DecodeLender:
+    """Attach a lender to a real SGLang allocator (its `size` is decode capacity C)."""
+    cfg = config or _State.config
+    store: UnitStore = UnitStore(
+        capacity=int(allocator.size),
+        lend_cap=cfg.lend_cap,
+        adopt_headroom=cfg.adopt_headroom,
+        reclaim_headroom=cfg.reclaim_headroom,
+    )
+    lender = DecodeLender(allocator, store, engine_metrics())
+    setattr(allocator, LENDER_ATTR, lender)
+    return lender
+
+
+def attach_lender(result: Any, queue: Any, *args: Any, **kwargs: Any) -> None:
+    allocator = queue.token_to_kv_pool_allocator
+    if not lendable(allocator):
+        # Hybrid pools (SWA, Mamba, linear attention) keep state a unit would need too; not wired yet.
+        logger.warning(
+            "basin lending disabled: %s over %s is not a full-attention MHA pool",
+            type(allocator).__name__,
+            type(allocator.get_kvcache()).__name__,
+        )
+        return
+    lender = make_lender(allocator)
+    lender.queued_demand = lambda: queued_demand(queue)
+    if _State.config.unit_port:
+        start_unit_service(lender, allocator, _State.config.unit_port + int(_sglang_labels()["tp_rank"] or 0))
+    logger.info("basin lending on: capacity %d tokens, cap %.2f", allocator.size, _State.config.lend_cap)
+
+
+SERVICE_ATTR = "_basin_unit_service"
+
+
+def start_unit_service(lender: DecodeLender, allocator: Any, port: int) -> Any:
+    """Decode's unit service on `port` (all interfaces): a NIXL agent over this KV pool and a control
+    socket prefill pushes fetch requests and held-unit reports to; polled by the scheduler thread."""
+    import socket
+
+    import zmq
+
+    from basin_engine_ext.service import UnitService
+    from basin_engine_ext.transfer import KVLayout, make_agent
+
+    pool = allocator.get_kvcache()
+    layout = KVLayout.from_pool(pool)
+    mem_type = "VRAM" if str(pool.device).startswith("cuda") else "DRAM"
+    control = zmq.Context.instance().socket(zmq.PULL)
+    control.setsockopt(zmq.LINGER, 0)
+    control.bind(f"tcp://*:{port}")
+    name = f"basin-decode-{socket.gethostname()}-{port}"
+    service = UnitService(lender, layout, make_agent(name, layout, mem_type), control, mem_type)
+    setattr(allocator, SERVICE_ATTR, service)
+    logger.info("basin unit service %s on port %d (%s)", name, port, mem_type)
+    return service
+
+
+def lendable(allocator: Any) -> bool:
+    """Lending needs SGLang's shared eviction path (hooked here) and a plain MHA pool (one K and one V
+    buffer per layer, what a unit holds and a fetch copies)."""
+    from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    pool = allocator.get_kvcache()
+    return (
+        type(allocator).evict_to_free_tokens is BaseTokenToKVPoolAllocator.evict_to_free_tokens
+        and type(pool) is MHATokenToKVPool
+    )
+
+
+def rebalance_before_prealloc(queue: Any, *args: Any, **kwargs: Any) -> None:
+    """Once per decode scheduler iteration: serve unit fetches, then apply the reclaim margin."""
+    lender = lender_for(queue.token_to_kv_pool_allocator)
+    if lender is None:
+        return None
+    service = getattr(queue.token_to_kv_pool_allocator, SERVICE_ATTR, None)
+    if service is not None:
+        service.poll()
+    lender.rebalance(queued_demand(queue))
+    return None
+
+
+def queued_demand(queue: Any) -> int:
+    """Decode KV that requests waiting in SGLang's prealloc (and retracted) queues will need."""
+    queued = sum(queue._prealloc_required_tokens(dr.req)[0] for dr in queue.queue)
+    queued += sum(queue._prealloc_required_tokens(req)[0] for req in queue.retracted_queue)
+    if queue.queue or queue.retracted_queue:
+        # SGLang admits from the queue only above max(its decode reserve for active requests, the
+        # room one running request may still grow into); count the same, or units could hold exactly
+        # the room that keeps the queue out.
+        running = queue.scheduler.running_batch.reqs
+        retractable = sum(len(r.origin_input_ids) + len(r.output_ids) for r in running)
+        queued += max(queue._active_reserved_tokens(), queue._need_space_for_single_req(retractable))
+    return queued
+
+
+def evict_then_reclaim(original: Any, allocator: Any, tree_cache: Any, num_tokens: int) -> Any:
+    """SGLang's eviction first; then lent units, so a shortfall never retracts while units are held."""
+    result = original(allocator, tree_cache, num_tokens)
+    lender = lender_for(allocator)
+    if lender is not None and allocator.available_size() < num_tokens:
+        lender.ensure_available(num_tokens)
+    return result
+
+
+def forget_units_on_clear(result: Any, allocator: Any, *args: Any, **kwargs: Any) -> None:
+    lender = lender_for(allocator)
+    if lender is not None:
+        lender.forget_all()
+
+
+def count_lent_in_memory_check(original: Any, checker: Any, ps: Any, uncached: int = 0) -> Any:
+    lender = lender_for(checker.token_to_kv_pool_allocator)
+    if lender is not None:
+        uncached += lender.store.lent
+    return original(checker, ps, uncached=uncached)
+
+
+def lend_mark(req: Any) -> str | None:
+    """The session id when the gateway asked decode to keep this request's prompt, else None."""
+    params = getattr(req.sampling_params, "custom_params", None) or {}
+    if not params.get(LEND_KEY):
+        return None
+    session = params.get(SESSION_KEY)
+    return str(session) if session else None
+
+
+def adopt_before_release(req: Any, tree_cache: Any, *args: Any, **kwargs: Any) -> None:
+    """Keep a finished marked prompt's pages as the session's unit (the release then skips them)."""
+    lender = lender_for(tree_cache.token_to_kv_pool_allocator)
+    if lender is None or not req.kv.holds_kv or not req.finished():
+        return None
+    session = lend_mark(req)
+    if session is None or req.kv.cache_protected_len > 0:
+        # Unmarked, or the prefix belongs to a decode radix tree (not ours to lend).
+        return None
+    prompt = list(req.origin_input_ids)
+    row = tree_cache.req_to_token_pool.req_to_token[req.kv.req_pool_idx, : len(prompt)]
+    page = lender.page_size
+    releasing = -(-int(req.kv.kv_allocated_len) // page) * page  # the request's whole pages
+    kept = lender.adopt(session, len(prompt), prompt, row.to(dtype=_int64()), releasing=releasing)
+    if kept:
+        # SGLang's release frees [cache_protected_len, owned); the unit now owns [0, kept).
+        req.kv.cache_protected_len = kept
+    return None
+
+
+def _int64() -> Any:
+    import torch
+
+    return torch.int64
+
+
+# ---------------------------------------------------------------------- bootstrap priority
+def pop_bootstrapped_by_priority(original: Any, queue: Any, *args: Any, **kwargs: Any) -> Any:
+    """Stable-sort the bootstrap queue by priority before SGLang scans it, so higher-priority requests
+    take metadata buffers first and enter the waiting queue first (SGLang scans it FIFO)."""
+    sort_by_priority(queue.queue, low_values_first=_low_values_first(queue))
+    return original(queue, *args, **kwargs)
+
+
+def sort_by_priority(reqs: list[Any], low_values_first: bool) -> None:
+    """In place; requests without a priority keep their FIFO place after every prioritised one."""
+
+    def key(req: Any) -> tuple[int, float]:
+        p = getattr(req, "priority", None)
+        if p is None:
+            return (1, 0.0)
+        return (0, p if low_values_first else -p)
+
+    reqs.sort(key=key)
+
+
+def _low_values_first(queue: Any) -> bool:
+    scheduler = getattr(queue, "scheduler", None)
+    return bool(getattr(scheduler, "schedule_low_priority_values_first", False))

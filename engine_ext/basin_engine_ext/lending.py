@@ -1,0 +1,159 @@
+"""Decode-memory lending bound to SGLang's real KV allocator (paper §6.2).
+
+A `DecodeLender` keeps the prompt pages of finished, gateway-marked calls out of the allocator's free
+list as the session's unit, frees them again when decode needs the room, and answers prefill's question
+"how much of this prompt does the session's unit cover?". The rules live in `units.UnitStore`; this
+module only moves page indices between SGLang's allocator and the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from basin_engine_ext.metrics import EngineMetrics
+from basin_engine_ext.units import Unit, UnitStore
+
+
+@dataclass(frozen=True)
+class FetchPlan:
+    """What prefill should take from a session's unit: prompt tokens [start, end) from `src_indices`."""
+
+    session: str
+    start: int
+    end: int
+    src_indices: torch.Tensor  # decode KV slot indices of tokens [start, end)
+
+    @property
+    def tokens(self) -> int:
+        return self.end - self.start
+
+
+class DecodeLender:
+    """Lent units on one decode instance, holding real slots of `allocator` (any SGLang
+    `BaseTokenToKVPoolAllocator`: `alloc`, `free`, `available_size`, `page_size`, `size`)."""
+
+    def __init__(self, allocator, store: UnitStore[torch.Tensor], metrics: EngineMetrics | None = None):
+        self.allocator = allocator
+        self.store = store
+        self.metrics = metrics
+        self.page_size = int(allocator.page_size)
+        # What requests queued for decode memory will need; set by the decode hook to read SGLang's
+        # prealloc queue, so adoption leaves their room free.
+        self.queued_demand: Callable[[], int] = lambda: 0
+
+    # ------------------------------------------------------------------ demand
+    def demand_tokens(self, queued_tokens: int | None = None) -> int:
+        """Decode demand: slots in use by requests (not by units) plus what queued requests need
+        (`queued_tokens`, or the queue the lender watches)."""
+        in_use = self.allocator.size - self.allocator.available_size() - self.store.lent
+        queued = self.queued_demand() if queued_tokens is None else queued_tokens
+        return max(0, in_use) + queued
+
+    # ------------------------------------------------------------------ adopt
+    def adopt(
+        self,
+        session: str,
+        turn: int,
+        token_ids: Sequence[int],
+        kv_indices: torch.Tensor,
+        queued_tokens: int | None = None,
+        releasing: int | None = None,
+    ) -> int:
+        """Try to keep the whole pages of a finished prompt as the session's unit.
+
+        `kv_indices` are the decode slots of `token_ids`, still allocated to the finishing request, which
+        gives back `releasing` slots in all (default: just these). Returns how many leading slots the
+        unit now owns; the caller must not free those (0: nothing adopted, free everything as usual).
+        """
+        whole = (min(len(token_ids), int(kv_indices.numel())) // self.page_size) * self.page_size
+        pages = kv_indices[:whole].clone()
+        # The finishing request's own slots are still counted as in use; they stop being demand now.
+        gone = int(kv_indices.numel()) if releasing is None else releasing
+        demand = max(0, self.demand_tokens(queued_tokens) - gone)
+        decision = self.store.adopt(session, turn, token_ids[:whole], whole, pages, demand)
+        if decision.replaced is not None:
+            self._free([decision.replaced], reclaimed=False)
+        if not decision.adopted:
+            if self.metrics is not None and whole > 0 and decision.reason in ("lend cap", "headroom"):
+                self.metrics.adopt_refusals.inc()
+            self._publish()
+            return 0
+        self._publish()
+        return whole
+
+    # ------------------------------------------------------------------ reclaim
+    def reclaim(self, tokens: int) -> int:
+        """Free at least `tokens` of lent slots (prefill-held units first, then LRU); returns freed."""
+        return self._free(self.store.reclaim(tokens))
+
+    def rebalance(self, queued_tokens: int | None = None) -> int:
+        """Apply the lower reclaim margin against current demand; returns tokens freed."""
+        return self._free(self.store.rebalance(self.demand_tokens(queued_tokens)))
+
+    def ensure_available(self, num_tokens: int) -> int:
+        """Reclaim units until the allocator can serve `num_tokens` (or no unit is left)."""
+        short = num_tokens - self.allocator.available_size()
+        return self.reclaim(short) if short > 0 else 0
+
+    def forget_all(self) -> None:
+        """SGLang cleared the allocator (cache flush, role switch): every page is free again already."""
+        self.store.forget_all()
+        self._publish()
+
+    def discard(self, session: str) -> int:
+        unit = self.store.discard(session)
+        return self._free([unit], reclaimed=False) if unit is not None else 0
+
+    # ------------------------------------------------------------------ fetch
+    def plan_fetch(self, session: str, prompt_ids: Sequence[int], local_match: int) -> FetchPlan | None:
+        """Compare the session's unit with prefill's local radix match for the next prompt.
+
+        A hit (the unit covers more whole pages of the prompt than prefill matched) returns the slots
+        to write, starting at the page holding `local_match`; a miss returns None.
+        """
+        unit = self.store.get(session)
+        if unit is None:
+            return None
+        covered = _common_prefix(unit.token_ids, prompt_ids)
+        covered = (covered // self.page_size) * self.page_size
+        start = (local_match // self.page_size) * self.page_size
+        if covered <= local_match:
+            if self.metrics is not None:
+                self.metrics.unit_misses.inc()
+            return None
+        self.store.touch(session)
+        if self.metrics is not None:
+            self.metrics.unit_hits.inc()
+        return FetchPlan(session, start, covered, unit.pages[start:covered])
+
+    def record_fetched(self, tokens: int) -> None:
+        if self.metrics is not None:
+            self.metrics.fetched_tokens.inc(tokens)
+
+    # ------------------------------------------------------------------ internals
+    def _free(self, units: list[Unit[torch.Tensor]], reclaimed: bool = True) -> int:
+        freed = 0
+        for unit in units:
+            self.allocator.free(unit.pages)
+            freed += unit.tokens
+        if freed and reclaimed and self.metrics is not None:
+            self.metrics.reclaimed_tokens.inc(freed)
+        self._publish()
+        return freed
+
+    def _publish(self) -> None:
+        if self.metrics is not None:
+            self.metrics.lent_tokens.set(self.store.lent)
+            self.metrics.lent_units.set(len(self.store))
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n

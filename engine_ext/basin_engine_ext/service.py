@@ -1,0 +1,132 @@
+"""Decode's unit service: answers prefill's fetch requests and held-unit reports from inside the decode
+scheduler process, polled from the scheduler thread so it never races the lender (adoption, reclaim).
+
+`poll()` never blocks: it drains the control socket, starts fetches (plan against the session's unit,
+pin it, post the first layer group's NIXL WRITE) and advances running ones one group at a time, so a
+transfer overlaps decode steps instead of stalling them. A unit stays pinned (not reclaimable) while a
+fetch reads it. When there is no unit worth writing, or a WRITE fails, decode sends a miss notice and
+prefill recomputes at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from basin_engine_ext.layer_wait import layer_groups
+from basin_engine_ext.lending import DecodeLender, FetchPlan
+from basin_engine_ext.transfer import FETCH, HELD, MISS, FetchRequest, KVLayout, notice, pages_of
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Active:
+    request: FetchRequest
+    plan: FetchPlan
+    src_pages: list[int]
+    groups: list[range]
+    next_group: int = 0
+    handle: Any = None
+
+
+class UnitService:
+    def __init__(
+        self, lender: DecodeLender, layout: KVLayout, agent: Any, socket: Any, mem_type: str = "DRAM"
+    ):
+        self.lender = lender
+        self.layout = layout
+        self.agent = agent
+        self.socket = socket  # zmq PULL, bound; prefill PUSHes `transfer.encode_fetch` / `encode_held`
+        self.mem_type = mem_type
+        self.active: list[_Active] = []
+        self._peers: set[str] = set()
+        self._fetch_decoder = msgspec.msgpack.Decoder(FetchRequest)
+        self._held_decoder = msgspec.msgpack.Decoder(list[str])
+
+    def poll(self) -> None:
+        import zmq
+
+        while True:
+            try:
+                kind, payload = self.socket.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if kind == FETCH:
+                self._start(self._fetch_decoder.decode(payload))
+            elif kind == HELD:
+                self.lender.store.set_prefill_holds(self._held_decoder.decode(payload))
+        for fetch in list(self.active):
+            self._advance(fetch)
+        # The agent runs without a progress thread (an idle one spins a core): reading notifications
+        # is what drives UCX here, and it carries standalone notices such as a miss to prefill.
+        self.agent.get_new_notifs()
+
+    # ------------------------------------------------------------------ internals
+    def _start(self, request: FetchRequest) -> None:
+        if request.agent_name not in self._peers:
+            self.agent.add_remote_agent(request.agent_metadata)
+            self._peers.add(request.agent_name)
+        plan = self.lender.plan_fetch(request.session, request.prompt_ids, request.local_match)
+        if plan is None or plan.tokens != len(request.dst_pages) * self.layout.page_size:
+            self._miss(request)
+            return
+        self.lender.store.pin(request.session)
+        fetch = _Active(
+            request,
+            plan,
+            pages_of(plan.src_indices, self.layout.page_size),
+            layer_groups(self.layout.num_layers, request.layers_per_group),
+        )
+        self.active.append(fetch)
+        self._post(fetch)
+
+    def _post(self, fetch: _Active) -> None:
+        g = fetch.next_group
+        layers = fetch.groups[g]
+        req = fetch.request
+        local = self.agent.get_xfer_descs(
+            self.layout.page_descs(self.layout.buffers_of(layers), fetch.src_pages), self.mem_type
+        )
+        remote = self.agent.get_xfer_descs(
+            req.layout.page_descs(req.layout.buffers_of(layers), req.dst_pages), self.mem_type
+        )
+        fetch.handle = self.agent.initialize_xfer(
+            "WRITE", local, remote, req.agent_name, notice(req.fetch_id, g)
+        )
+        if self.agent.transfer(fetch.handle) == "ERR":
+            self._fail(fetch)
+
+    def _advance(self, fetch: _Active) -> None:
+        if fetch not in self.active:
+            return
+        state = self.agent.check_xfer_state(fetch.handle)
+        if state == "PROC":
+            return
+        self.agent.release_xfer_handle(fetch.handle)
+        fetch.handle = None
+        if state != "DONE":
+            self._fail(fetch)
+            return
+        fetch.next_group += 1
+        if fetch.next_group < len(fetch.groups):
+            self._post(fetch)
+            return
+        self.active.remove(fetch)
+        self.lender.store.unpin(fetch.request.session)
+        self.lender.record_fetched(fetch.plan.tokens)
+
+    def _fail(self, fetch: _Active) -> None:
+        logger.warning(
+            "basin unit fetch %s failed at layer group %d", fetch.request.fetch_id, fetch.next_group
+        )
+        if fetch in self.active:
+            self.active.remove(fetch)
+        self.lender.store.unpin(fetch.request.session)
+        self._miss(fetch.request)
+
+    def _miss(self, request: FetchRequest) -> None:
+        self.agent.send_notif(request.agent_name, notice(request.fetch_id, MISS))
