@@ -395,7 +395,7 @@ def simulate(
 @click.option(
     "--lending",
     is_flag=True,
-    help="Keep prompts of requests marked X-Basin-Lend: 1 in idle decode memory (BASIN's lending).",
+    help="Keep prompts of requests marked custom_params.basin_lend in idle decode memory (BASIN's lending).",
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=int, default=30000, show_default=True, help="Port (0: any free port).")

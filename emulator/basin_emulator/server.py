@@ -30,7 +30,6 @@ from basin_emulator.metrics import EngineCollector
 log = logging.getLogger("basin.emulator")
 
 SESSION_HEADER = "X-Session-ID"
-LEND_HEADER = "X-Basin-Lend"  # the gateway's mark: keep this call's prompt on decode as a lent unit
 STREAM_TICK_S = 0.05  # wall seconds between streamed chunks (the last one goes out at once)
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default for /generate
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -119,7 +118,13 @@ def _job(request: web.Request, body: dict[str, Any], prompt_ids: list[int], max_
         raise BadRequest("rid must be a string")
     if rid in request.app[ENGINE_KEY].calls:
         raise BadRequest(f"a request with rid {rid!r} is already running")
-    session = body.get("session_id") or request.headers.get(SESSION_HEADER)
+    # The gateway's mark, as the engine extension reads it (docs/engine-ext.md): `basin_lend` and
+    # `basin_session` in `custom_params` (under `sampling_params` for /generate, top level for OpenAI).
+    params = body.get("sampling_params")
+    custom = (params if isinstance(params, dict) else body).get("custom_params") or {}
+    if not isinstance(custom, dict):
+        raise BadRequest("custom_params must be an object")
+    session = custom.get("basin_session") or body.get("session_id") or request.headers.get(SESSION_HEADER)
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequest("stream must be true or false")
@@ -130,7 +135,7 @@ def _job(request: web.Request, body: dict[str, Any], prompt_ids: list[int], max_
         rid=rid,
         priority=_priority(body.get("priority")),
         session_id=str(session) if session is not None else None,
-        lend=request.headers.get(LEND_HEADER, "").lower() in ("1", "true", "yes"),
+        lend=custom.get("basin_lend") is True,
     )
 
 

@@ -36,9 +36,10 @@ PROFILE_KEY = "profile.json"
 PROFILE_MOUNT = "/etc/basin/profile"
 PREDICTOR_MOUNT = "/etc/basin/predictor"
 
-# SGLang loads general plugins from installed entry points; this whitelists the Basin engine extension.
+# SGLang loads general plugins from installed entry points; this whitelists the Basin engine extension
+# by its entry-point name in the `sglang.srt.plugins` group (pyproject.toml).
 ENGINE_PLUGIN_ENV = "SGLANG_PLUGINS"
-ENGINE_PLUGIN = "basin_engine_ext"
+ENGINE_PLUGIN = "basin"
 
 # The longest child name is "<name>-profile-<10 hex>-<attempt>"; Job pods carry it in a 63-character label.
 MAX_NAME_LENGTH = 40

@@ -264,7 +264,11 @@ def test_lending_keeps_marked_prompts_on_decode(emulator_factory) -> None:  # ty
 
     generate(emulator.url, tokens.output_ids(20, 4_000))  # unmarked: nothing lent
     assert lent() == 0
-    body = {"input_ids": tokens.output_ids(21, 4_000), "sampling_params": {"max_new_tokens": 4}}
-    response = post(f"{emulator.url}/generate", body, headers={"X-Basin-Lend": "1", "X-Session-ID": "s1"})
+    mark = {"basin_lend": True, "basin_session": "s1"}  # the engine extension's mark
+    body = {
+        "input_ids": tokens.output_ids(21, 4_000),
+        "sampling_params": {"max_new_tokens": 4, "custom_params": mark},
+    }
+    response = post(f"{emulator.url}/generate", body)
     assert response.status_code == 200
     assert lent() == 62 * 64  # the prompt's full pages; the partial last page is not kept

@@ -138,3 +138,16 @@ def test_names_fit_kubernetes_limits() -> None:
     assert len(job["metadata"]["name"]) <= 63  # the Job's pods carry it in the job-name label
     for child in builders.build_children(name, "ns", s):
         assert len(child["metadata"]["name"]) <= 63 - len("-0") - 11  # StatefulSet pods and revision hashes
+
+
+def test_engine_pods_enable_the_plugin_by_its_entry_point_name() -> None:
+    """SGLANG_PLUGINS filters by entry-point name: it must be the one pyproject.toml registers."""
+    import tomllib
+    from pathlib import Path
+
+    from basin_operator import constants
+
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    plugins = pyproject["project"]["entry-points"]["sglang.srt.plugins"]
+    assert constants.ENGINE_PLUGIN in plugins
+    assert plugins[constants.ENGINE_PLUGIN].startswith("basin_engine_ext:")
