@@ -163,15 +163,16 @@ class LiveEngine:
         return call
 
     def abort(self, rid: str) -> bool:
-        """Abort a request wherever it is; False when no such request is in flight."""
-        call = self.calls.pop(rid, None)
-        if call is None:
-            return False
+        """Abort a request wherever it is; False when no such request is in flight (a finished one
+        keeps its answer)."""
         self.catch_up()
-        if call.request.state not in ("done", "aborted"):
-            self.engine.abort(call.request)
-            if call.request.decode is not None:
-                self.decode_counters[call.request.decode.index].aborted += 1
+        call = self.calls.get(rid)
+        if call is None or call.request.state in ("done", "aborted"):
+            return False
+        del self.calls[rid]
+        self.engine.abort(call.request)
+        if call.request.decode is not None:
+            self.decode_counters[call.request.decode.index].aborted += 1
         call.aborted = True
         call.first_token.set()
         call.done.set()

@@ -159,6 +159,7 @@ def test_abort_and_disconnect_free_the_request(emulator) -> None:  # type: ignor
         return sum(r["num_running_reqs"] for r in loads if r["engine_type"] == "decode")
 
     assert running() == 0
+    assert post(f"{url}/abort_request", {"rid": "long-one"}).json() == {"aborted": []}  # gone already
     # A client that goes away mid-stream aborts its request too.
     response = post(f"{url}/generate", {**body, "rid": "vanishing"}, stream=True)
     lines = response.iter_lines()  # kept: dropping a half-read iterator closes the connection
