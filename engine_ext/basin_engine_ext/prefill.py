@@ -226,8 +226,14 @@ class PrefillFetcher:
             slots, f.fetch.dst_slots = f.fetch.dst_slots, None
             if outcome.reason == "refused":  # decode said it writes nothing (more)
                 self.allocator.free(slots)
+                self.index.forget(f.session)  # it no longer holds that unit
             else:  # decode may still post a WRITE until the deadline
                 self._quarantine.append((f.fetch.deadline + self.late_write_grace_s, slots))
+                # A decode instance that let one fetch time out is likely gone or stalled: stop sending
+                # its sessions' turns into the same wait; their next sent turns index them again.
+                decode = self.index.lookup(f.session)
+                if decode is not None:
+                    self.index.forget_decode(decode.decode)
         if outcome.complete:
             slots = f.fetch.dst_slots
             value = torch.cat([f.matched.to(slots.dtype), slots])

@@ -198,6 +198,13 @@ class PrefillUnitIndex:
     def record(self, session: str, decode: str, token_ids: Iterable[int]) -> None:
         self._units[session] = IndexedUnit(decode, tuple(token_ids))
 
+    def forget_decode(self, decode: str) -> list[str]:
+        """Drop every unit held on `decode` (it stopped answering); returns their sessions."""
+        gone = [session for session, unit in self._units.items() if unit.decode == decode]
+        for session in gone:
+            del self._units[session]
+        return gone
+
     def decodes(self) -> set[str]:
         """Every decode instance holding one of the indexed units."""
         return {unit.decode for unit in self._units.values()}

@@ -217,6 +217,8 @@ def test_a_stalled_decode_sends_the_request_to_recomputation_after_the_timeout(s
     prefill = Prefill(stalled_decode, timeout_s=1.5)
     try:
         prefill.previous_turn_sent(PROMPT)
+        prefill.fetcher.index.record("same-decode", f"127.0.0.1:{stalled_decode.port}", [1, 2, 3, 4])
+        prefill.fetcher.index.record("elsewhere", "10.0.0.9:7400", [1, 2, 3, 4])
         before = prefill.kv.allocator.available_size()
         nxt = prefill_request("turn-2", [*PROMPT, 1, 2, 3], MARK)
         prefill.scheduler.waiting_queue = [nxt]
@@ -225,6 +227,9 @@ def test_a_stalled_decode_sends_the_request_to_recomputation_after_the_timeout(s
         assert 1.4 <= waited < 1.5 + 5
         assert prefill.fetcher.outcomes[-1] == ("turn-2", "timeout", 0)
         assert nxt.prefix_len == LOCAL and nxt.extend_len == len(PROMPT) + 3 - LOCAL
+        index = prefill.fetcher.index
+        assert index.lookup(SESSION) is None and index.lookup("same-decode") is None  # no more waits there
+        assert index.lookup("elsewhere") is not None
         # the fetch's pages stay out of use for the grace period (a late WRITE may still land)...
         assert prefill.fetcher.inflight_tokens() == len(PROMPT) - LOCAL and prefill.conserved()
         deadline = time.monotonic() + 10
@@ -265,6 +270,7 @@ def test_a_unit_decode_no_longer_has_is_recomputed_without_waiting(serving_decod
         assert waited < 10
         assert prefill.fetcher.outcomes[-1] == ("turn-2", "refused", 0)
         assert nxt.prefix_len == LOCAL and prefill.conserved()
+        assert prefill.fetcher.index.lookup("gone") is None  # not asked again for that unit
     finally:
         prefill.close()
 
