@@ -40,6 +40,7 @@ import torch
 
 from basin_engine_ext.config import LEND_KEY, SESSION_KEY
 from basin_engine_ext.transfer import (
+    IndexedUnit,
     KVLayout,
     NoticeRouter,
     PrefillUnitIndex,
@@ -75,6 +76,7 @@ def lends(req: Any) -> bool:
 class _Fetching:
     req: Any
     session: str
+    unit: IndexedUnit  # the index entry the fetch was planned from
     fetch: UnitFetch
     lock: Any  # SGLang TreeLock on the local match, held until the insert
     matched: torch.Tensor  # prefill's own slots of prompt tokens [0, start)
@@ -168,9 +170,10 @@ class PrefillFetcher:
                 del self.fetching[rid]
                 self._conclude(rid, f)
         now = time.time()
-        for entry in [e for e in self._quarantine if e[0] <= now]:
-            self._quarantine.remove(entry)
-            self.allocator.free(entry[1])
+        due = [slots for after, slots in self._quarantine if after <= now]
+        self._quarantine = [(after, slots) for after, slots in self._quarantine if after > now]
+        for slots in due:
+            self.allocator.free(slots)
 
     def inflight_tokens(self) -> int:
         """Slots of fetches still running or of timed-out fetches in their grace period (owned by neither
@@ -215,25 +218,13 @@ class PrefillFetcher:
             self.tree_cache.unlock(lock)
             self.outcomes.append((req.rid, "no room", 0))
             return
-        self.fetching[req.rid] = _Fetching(req, session, fetch, lock, matched, prompt[:end])
+        self.fetching[req.rid] = _Fetching(req, session, unit, fetch, lock, matched, prompt[:end])
 
     def _conclude(self, rid: str, f: _Fetching) -> None:
         from sglang.srt.mem_cache.base_prefix_cache import InsertParams
 
         outcome = f.fetch.finish(free=False)
         fetched = 0
-        if not outcome.complete:
-            slots, f.fetch.dst_slots = f.fetch.dst_slots, None
-            if outcome.reason == "refused":  # decode said it writes nothing (more)
-                self.allocator.free(slots)
-                self.index.forget(f.session)  # it no longer holds that unit
-            else:  # decode may still post a WRITE until the deadline
-                self._quarantine.append((f.fetch.deadline + self.late_write_grace_s, slots))
-                # A decode instance that let one fetch time out is likely gone or stalled: stop sending
-                # its sessions' turns into the same wait; their next sent turns index them again.
-                decode = self.index.lookup(f.session)
-                if decode is not None:
-                    self.index.forget_decode(decode.decode)
         if outcome.complete:
             slots = f.fetch.dst_slots
             value = torch.cat([f.matched.to(slots.dtype), slots])
@@ -242,9 +233,18 @@ class PrefillFetcher:
             self.tree_cache.insert(
                 InsertParams(key=self._key(f.req, f.tokens), value=value, prev_prefix_len=len(f.matched))
             )
-            f.fetch.dst_slots = None
             fetched = len(f.tokens) - len(f.matched)
-        else:
+        elif outcome.reason == "refused":  # decode said it writes nothing (more): pages back at once
+            self.allocator.free(f.fetch.dst_slots)
+            if self.index.lookup(f.session) is f.unit:  # decode no longer holds that unit
+                self.index.forget(f.session)
+        else:  # timeout: decode may still post a WRITE until the deadline
+            self._quarantine.append((f.fetch.deadline + self.late_write_grace_s, f.fetch.dst_slots))
+            # A decode instance that let one fetch time out is likely gone or stalled: stop sending its
+            # sessions' turns into the same wait; their next sent turns index them again.
+            self.index.forget_decode(f.unit.decode)
+        f.fetch.dst_slots = None
+        if not outcome.complete:
             logger.info("basin unit fetch for %s: %s, recomputing", rid, outcome.reason)
         self.tree_cache.unlock(f.lock)
         self.outcomes.append((rid, outcome.reason, fetched))
