@@ -199,6 +199,8 @@ class PrefillFetcher:
         result = self.tree_cache.match_prefix(MatchPrefixParams(key=self._key(req, prompt)))
         start = (result.device_prefix_len // ps) * ps
         if end <= start:
+            if self.metrics is not None:  # the unit adds nothing to prefill's own cache
+                self.metrics.unit_misses.inc()
             return
         lock = self.tree_cache.lock(result.last_device_node)
         matched = self.tree_cache.path_device_indices(result.last_device_node)[:start]

@@ -20,11 +20,13 @@ import pytest
 import torch
 import zmq
 from conftest import PAGE, DecodeKV
+from prometheus_client import CollectorRegistry
 from test_unit_fetch import Peer
 from unit_peer import LAYERS, PROMPT, SESSION, unit_values
 
 from basin_engine_ext import hooks
 from basin_engine_ext.config import EngineExtConfig
+from basin_engine_ext.metrics import EngineMetrics
 from basin_engine_ext.prefill import FETCHER_ATTR, PrefillFetcher, fetcher_for, zmq_connect
 from basin_engine_ext.transfer import KVLayout, make_agent
 
@@ -33,6 +35,7 @@ pytestmark = pytest.mark.engine
 AGENT_IDS = itertools.count()
 LOCAL = 12  # prefill's tree still holds the first three pages of the session's prompt
 MARK = {"basin_lend": True, "basin_session": SESSION}
+METRIC_LABELS = {"model_name": "m", "engine_type": "prefill", "tp_rank": "0"}
 
 
 def prefill_request(rid: str, prompt: list[int], custom_params: dict | None = None, room: int | None = None):
@@ -90,6 +93,7 @@ class Prefill:
         from sglang.srt.mem_cache.radix_cache import RadixKey
 
         self.kv = DecodeKV(tokens=256, layers=LAYERS, radix=True)
+        self.registry = CollectorRegistry()
         self.local = self.kv.allocator.alloc(LOCAL)
         for layer in range(LAYERS):
             self.kv.pool.k_buffer[layer][self.local] = unit_values(layer, 0, torch.arange(LOCAL))
@@ -104,6 +108,7 @@ class Prefill:
         self.fetcher = PrefillFetcher(
             self.kv.tree, make_agent(name, layout), name, layout, zmq_connect,
             unit_port=decode.port, timeout_s=timeout_s, layers_per_group=2, late_write_grace_s=0.5,
+            metrics=EngineMetrics.create(METRIC_LABELS, self.registry),
         )  # fmt: skip
         self.scheduler = SimpleNamespace(
             waiting_queue=[], disagg_prefill_inflight_queue=[], tree_cache=self.kv.tree,
@@ -152,6 +157,9 @@ class Prefill:
             == kv.allocator.size
         )  # fmt: skip
 
+    def metric(self, name: str) -> float:
+        return self.registry.get_sample_value(name, METRIC_LABELS) or 0.0
+
     def close(self) -> None:
         self.fetcher.close()
 
@@ -199,6 +207,7 @@ def test_next_turn_is_held_while_its_unit_arrives_then_admitted_with_the_fetched
         passes, _ = prefill.admit_until(nxt, deadline_s=30)
         assert passes[0] == [other]  # held out of the first pass; the rest of the queue goes on
         assert prefill.fetcher.outcomes[-1] == ("turn-2", "complete", len(PROMPT) - LOCAL)
+        assert prefill.metric("sglang:basin_unit_fallbacks_total") == 0
         # SGLang's own match now covers the unit: only the three new tokens are computed
         assert nxt.prefix_len == len(PROMPT) and nxt.extend_len == 3
         slots = prefill.kv.tree.prefix_device_indices(nxt)
@@ -226,6 +235,7 @@ def test_a_stalled_decode_sends_the_request_to_recomputation_after_the_timeout(s
         assert passes[0] == []
         assert 1.4 <= waited < 1.5 + 5
         assert prefill.fetcher.outcomes[-1] == ("turn-2", "timeout", 0)
+        assert prefill.metric("sglang:basin_unit_fallbacks_total") == 1
         assert nxt.prefix_len == LOCAL and nxt.extend_len == len(PROMPT) + 3 - LOCAL
         index = prefill.fetcher.index
         assert index.lookup(SESSION) is None and index.lookup("same-decode") is None  # no more waits there
@@ -284,6 +294,7 @@ def test_no_fetch_when_the_local_match_already_covers_the_unit(serving_decode) -
         passes, _ = prefill.admit_until(nxt, deadline_s=5)
         assert len(passes) == 1 and prefill.fetcher.outcomes == []
         assert nxt.prefix_len == LOCAL
+        assert prefill.metric("sglang:basin_unit_misses_total") == 1
     finally:
         prefill.close()
 
