@@ -252,6 +252,35 @@ def test_a_stalled_decode_sends_the_request_to_recomputation_after_the_timeout(s
         prefill.close()
 
 
+def test_concurrent_fetches_each_get_their_own_notices_and_the_tree_keeps_one_copy(serving_decode) -> None:
+    """Two waiting turns fetch at once over one prefill agent (each monitor on its own thread); both
+    complete, and the second insert gives its duplicate pages back instead of leaking them."""
+    prefill = Prefill(serving_decode, timeout_s=20)
+    try:
+        prefill.previous_turn_sent(PROMPT)
+        first = prefill_request("turn-2a", [*PROMPT, 1], MARK)
+        second = prefill_request("turn-2b", [*PROMPT, 2], MARK)
+        prefill.scheduler.waiting_queue = [first, second]
+        assert hooks.admit_with_unit_fetch(admission_pass, prefill.scheduler, None) == []
+        assert len(prefill.fetcher.fetching) == 2
+        prefill.admit_until(second, deadline_s=30)
+        if first in prefill.scheduler.waiting_queue:
+            prefill.admit_until(first, deadline_s=30)
+        outcomes = {rid: (reason, n) for rid, reason, n in prefill.fetcher.outcomes}
+        assert outcomes == {"turn-2a": ("complete", 36), "turn-2b": ("complete", 36)}
+        assert first.prefix_len == second.prefix_len == len(PROMPT)
+        assert torch.equal(
+            prefill.kv.tree.prefix_device_indices(first), prefill.kv.tree.prefix_device_indices(second)
+        )
+        assert prefill.conserved()
+        held = prefill.kv.tree.evictable_size() + prefill.kv.tree.protected_size()
+        assert (
+            held == len(PROMPT) and prefill.kv.allocator.available_size() == prefill.kv.allocator.size - held
+        )
+    finally:
+        prefill.close()
+
+
 def test_without_a_local_match_the_whole_unit_is_fetched(serving_decode) -> None:
     prefill = Prefill(serving_decode, timeout_s=20, local=False)
     try:
