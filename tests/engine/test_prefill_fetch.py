@@ -222,6 +222,29 @@ def test_next_turn_is_held_while_its_unit_arrives_then_admitted_with_the_fetched
         prefill.close()
 
 
+def test_a_unit_made_by_decodes_release_path_reaches_the_next_turn() -> None:
+    """The whole chain through the plugin on both sides: decode keeps a finished marked request's prompt
+    (SGLang's `release_kv_cache`, hooked) and serves it from its scheduler-loop hook; prefill indexes the
+    turn after its transfer and fetches the unit for the next turn before admitting it."""
+    decode = Peer("released")
+    prefill = Prefill(decode, timeout_s=20)
+    try:
+        prefill.previous_turn_sent(PROMPT)
+        nxt = prefill_request("turn-2", [*PROMPT, 1, 2, 3], MARK)
+        prefill.scheduler.waiting_queue = [nxt]
+        prefill.admit_until(nxt, deadline_s=30)
+        assert prefill.fetcher.outcomes[-1] == ("turn-2", "complete", len(PROMPT) - LOCAL)
+        assert nxt.prefix_len == len(PROMPT) and nxt.extend_len == 3
+        slots = prefill.kv.tree.prefix_device_indices(nxt)
+        for layer in range(LAYERS):
+            expected = unit_values(layer, 1, torch.arange(len(PROMPT))).view(torch.int16)
+            assert torch.equal(prefill.kv.pool.v_buffer[layer][slots].view(torch.int16), expected)
+        assert prefill.conserved()
+    finally:
+        prefill.close()
+        decode.close()
+
+
 def test_a_stalled_decode_sends_the_request_to_recomputation_after_the_timeout(stalled_decode) -> None:
     prefill = Prefill(stalled_decode, timeout_s=1.5)
     try:
