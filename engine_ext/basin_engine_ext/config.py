@@ -25,7 +25,8 @@ class EngineExtConfig:
     reclaim_headroom: float = 0.05  # reclaim units once free room above demand falls below this
     bootstrap_priority: bool = True  # order the prefill bootstrap queue by request priority
     prefill_complete_nixl: bool = True  # accept the prefill_complete allocation policy on NIXL
-    unit_port: int = 0  # decode: serve unit fetches on this TCP port (+ tp rank); 0 = no unit service
+    unit_port: int = 0  # decode: serve unit fetches on this TCP port (+ tp rank); prefill: fetch from it
+    fetch_timeout_s: float = 2.0  # prefill: give up a unit fetch after this long and recompute
     metrics: bool = True
 
     def __post_init__(self) -> None:
@@ -38,6 +39,8 @@ class EngineExtConfig:
             )
         if not 0 <= self.unit_port < 65536:
             raise ValueError(f"unit_port must be a TCP port or 0, got {self.unit_port}")
+        if not self.fetch_timeout_s > 0:
+            raise ValueError(f"fetch_timeout_s must be positive, got {self.fetch_timeout_s}")
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> EngineExtConfig:
@@ -51,6 +54,7 @@ class EngineExtConfig:
             "BOOTSTRAP_PRIORITY": ("bootstrap_priority", _bool),
             "PREFILL_COMPLETE_NIXL": ("prefill_complete_nixl", _bool),
             "UNIT_PORT": ("unit_port", int),
+            "FETCH_TIMEOUT": ("fetch_timeout_s", float),
             "METRICS": ("metrics", _bool),
         }
         kwargs: dict[str, object] = {}

@@ -15,6 +15,11 @@ Targets (dotted paths resolved by SGLang's HookRegistry, which also rebinds `fro
 - `PagedTokenToKVPoolAllocator.clear`, `TokenToKVPoolAllocator.clear` (AFTER): a cache flush returns
   every page, units included, so the lender forgets its units rather than free them twice later;
 - `PrefillBootstrapQueue.pop_bootstrapped` (AROUND): order the bootstrap queue by request priority;
+- `Scheduler.get_new_batch_prefill` (AROUND, PD prefill only, with `BASIN_ENGINE_UNIT_PORT`): before
+  SGLang's admission pass, start unit fetches for waiting requests of indexed sessions and hold those
+  requests out of admission until the unit's KV is in the radix tree or the fetch failed (`prefill.py`);
+- `SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue` (AROUND, same): note the
+  decode instance of marked requests in transfer, record the session's unit once the transfer succeeded;
 - reservation at prefill completion over NIXL: see `reservation.py`.
 """
 
@@ -42,6 +47,9 @@ TARGETS = {
     "SchedulerInvariantChecker._check_full_pool",
     "clear_paged": "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.clear",
     "clear_token": "sglang.srt.mem_cache.allocator.token.TokenToKVPoolAllocator.clear",
+    "fetch": "sglang.srt.managers.scheduler.Scheduler.get_new_batch_prefill",
+    "record": "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin."
+    "process_disagg_prefill_inflight_queue",
 }
 
 
@@ -92,6 +100,9 @@ def register_hooks() -> None:
         HookRegistry.register(TARGETS["memcheck"], count_lent_in_memory_check, HookType.AROUND)
         HookRegistry.register(TARGETS["clear_paged"], forget_units_on_clear, HookType.AFTER)
         HookRegistry.register(TARGETS["clear_token"], forget_units_on_clear, HookType.AFTER)
+        if cfg.unit_port:
+            HookRegistry.register(TARGETS["fetch"], admit_with_unit_fetch, HookType.AROUND)
+            HookRegistry.register(TARGETS["record"], record_sent_units, HookType.AROUND)
     if cfg.bootstrap_priority:
         HookRegistry.register(TARGETS["bootstrap"], pop_bootstrapped_by_priority, HookType.AROUND)
     if cfg.prefill_complete_nixl:
@@ -217,10 +228,47 @@ def forget_units_on_clear(result: Any, allocator: Any, *args: Any, **kwargs: Any
 
 
 def count_lent_in_memory_check(original: Any, checker: Any, ps: Any, uncached: int = 0) -> Any:
-    lender = lender_for(checker.token_to_kv_pool_allocator)
+    """Decode: lent units; prefill: pages of unit fetches still arriving (owned by no request or tree)."""
+    from basin_engine_ext.prefill import FETCHER_ATTR
+
+    allocator = checker.token_to_kv_pool_allocator
+    lender = lender_for(allocator)
     if lender is not None:
         uncached += lender.store.lent
+    fetcher = getattr(allocator, FETCHER_ATTR, None)
+    if fetcher is not None:
+        uncached += fetcher.inflight_tokens()
     return original(checker, ps, uncached=uncached)
+
+
+# ---------------------------------------------------------------------- prefill: unit fetch
+def admit_with_unit_fetch(original: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+    """Around SGLang's prefill admission: fetch units, hold requests whose unit is still arriving."""
+    from basin_engine_ext import prefill
+
+    fetcher = prefill.fetcher_for(scheduler, _State.config)
+    if fetcher is None:
+        return original(scheduler, *args, **kwargs)
+    return prefill.hold_fetching_requests(fetcher, scheduler, lambda: original(scheduler, *args, **kwargs))
+
+
+def record_sent_units(original: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+    """Around SGLang's poll of prefill transfers: note each marked request's decode instance while its
+    bootstrap info is still there, and index the session's unit once its KV reached decode."""
+    from basin_engine_ext import prefill
+
+    fetcher = prefill.fetcher_for(scheduler, _State.config)
+    if fetcher is None:
+        return original(scheduler, *args, **kwargs)
+    for req in scheduler.disagg_prefill_inflight_queue:
+        fetcher.note_decode(req)
+    done = original(scheduler, *args, **kwargs)
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    for req in done or []:
+        if not isinstance(req.finished_reason, FINISH_ABORT):
+            fetcher.record_sent(req)
+    return done
 
 
 def lend_mark(req: Any) -> str | None:

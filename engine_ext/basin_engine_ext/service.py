@@ -11,6 +11,7 @@ prefill recomputes at once.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +71,13 @@ class UnitService:
         if request.agent_name not in self._peers:
             self.agent.add_remote_agent(request.agent_metadata)
             self._peers.add(request.agent_name)
+        if request.deadline and time.time() >= request.deadline:
+            self._miss(request)  # prefill has given these pages up already
+            return
+        if not self._compatible(request.layout):
+            logger.warning("basin unit fetch %s: prefill's KV layout differs from decode's", request.fetch_id)
+            self._miss(request)
+            return
         plan = self.lender.plan_fetch(request.session, request.prompt_ids, request.local_match)
         if plan is None or plan.tokens != len(request.dst_pages) * self.layout.page_size:
             self._miss(request)
@@ -83,6 +91,14 @@ class UnitService:
         )
         self.active.append(fetch)
         self._post(fetch)
+
+    def _compatible(self, remote: KVLayout) -> bool:
+        """Pages are copied as raw bytes: both pools need the same layers, page size and page bytes."""
+        return (
+            remote.num_layers == self.layout.num_layers
+            and remote.page_size == self.layout.page_size
+            and tuple(remote.item_lens) == tuple(self.layout.item_lens)
+        )
 
     def _post(self, fetch: _Active) -> None:
         g = fetch.next_group
@@ -113,6 +129,9 @@ class UnitService:
             return
         fetch.next_group += 1
         if fetch.next_group < len(fetch.groups):
+            if fetch.request.deadline and time.time() >= fetch.request.deadline:
+                self._fail(fetch)  # past prefill's deadline: post no further WRITE
+                return
             self._post(fetch)
             return
         self.active.remove(fetch)

@@ -10,6 +10,8 @@ Memory kind is a parameter: "DRAM" here and in tests, "VRAM" on GPUs.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -64,6 +66,11 @@ class FetchRequest:
     agent_name: str
     layout: KVLayout
     layers_per_group: int
+    # Wall-clock time (prefill's `time.time()`) after which prefill has given the pages up: decode writes
+    # nothing after it (0: no deadline). Prefill keeps the pages of a timed-out fetch out of use for a
+    # grace period beyond it, so a WRITE decode posted just before the deadline cannot land in pages
+    # already handed to another request.
+    deadline: float = 0.0
 
 
 MISS = -1  # the notice decode sends when it has no unit worth writing (or gave up): recompute now
@@ -110,23 +117,68 @@ def make_agent(name: str, layout: KVLayout, mem_type: str = "DRAM"):
 
 class NoticeReader:
     """Prefill side: turns NIXL notifications from decode into completed layer groups of one fetch;
-    a miss notice sets `refused` (decode will not write: recompute without waiting for the deadline)."""
+    a miss notice sets `refused` (decode will not write: recompute without waiting for the deadline).
+    With a `NoticeRouter` the agent's notices are shared between concurrent fetches; without one this
+    reader consumes (and drops) every notice of the agent, which is right only for one fetch at a time."""
 
-    def __init__(self, agent, fetch_id: str):
+    def __init__(self, agent, fetch_id: str, router: NoticeRouter | None = None):
         self.agent = agent
         self.fetch_id = fetch_id
+        self.router = router
         self.refused = False
 
     def __call__(self) -> list[int]:
         done = []
-        for msgs in self.agent.get_new_notifs().values():
-            for msg in msgs:
-                group = parse_notice(msg, self.fetch_id)
-                if group == MISS:
-                    self.refused = True
-                elif group is not None:
-                    done.append(group)
+        msgs = self.router.take(self.fetch_id) if self.router is not None else self._drain()
+        for msg in msgs:
+            group = parse_notice(msg, self.fetch_id)
+            if group == MISS:
+                self.refused = True
+            elif group is not None:
+                done.append(group)
         return done
+
+    def _drain(self) -> list[bytes]:
+        return [msg for msgs in self.agent.get_new_notifs().values() for msg in msgs]
+
+
+class NoticeRouter:
+    """One reader of a prefill agent's NIXL notices for all its fetches: each call drains the agent
+    (which also drives UCX progress) and files every `basin:<fetch id>:...` notice under its fetch, so
+    fetches monitored from different threads never consume each other's completion notices."""
+
+    def __init__(self, agent):
+        self.agent = agent
+        self._lock = threading.Lock()
+        self._pending: dict[str, list[bytes]] = {}
+
+    def open(self, fetch_id: str) -> None:
+        with self._lock:
+            self._pending.setdefault(fetch_id, [])
+
+    def close(self, fetch_id: str) -> None:
+        """Forget a concluded fetch; its late notices are dropped from then on."""
+        with self._lock:
+            self._pending.pop(fetch_id, None)
+
+    def take(self, fetch_id: str) -> list[bytes]:
+        with self._lock:
+            for msgs in self.agent.get_new_notifs().values():
+                for msg in msgs:
+                    owner = _fetch_id_of(msg)
+                    if owner is not None and owner in self._pending:
+                        self._pending[owner].append(msg)
+            mine = self._pending.get(fetch_id, [])
+            if mine:
+                self._pending[fetch_id] = []
+            return mine
+
+
+def _fetch_id_of(msg: bytes) -> str | None:
+    if not msg.startswith(b"basin:"):
+        return None
+    head, _, _ = msg[len(b"basin:") :].rpartition(b":")
+    return head.decode(errors="replace")
 
 
 @dataclass
@@ -145,6 +197,17 @@ class PrefillUnitIndex:
 
     def record(self, session: str, decode: str, token_ids: Iterable[int]) -> None:
         self._units[session] = IndexedUnit(decode, tuple(token_ids))
+
+    def forget_decode(self, decode: str) -> list[str]:
+        """Drop every unit held on `decode` (it stopped answering); returns their sessions."""
+        gone = [session for session, unit in self._units.items() if unit.decode == decode]
+        for session in gone:
+            del self._units[session]
+        return gone
+
+    def decodes(self) -> set[str]:
+        """Every decode instance holding one of the indexed units."""
+        return {unit.decode for unit in self._units.values()}
 
     def forget(self, session: str) -> None:
         self._units.pop(session, None)
@@ -191,6 +254,7 @@ class UnitFetch:
         layers_per_group: int,
         metrics=None,
         device: str = "cpu",
+        router: NoticeRouter | None = None,
     ):
         from basin_engine_ext.layer_wait import FetchMonitor, LayerGroupFlags
 
@@ -198,8 +262,11 @@ class UnitFetch:
         self.agent, self.agent_name, self.allocator, self.layout = agent, agent_name, allocator, layout
         self.send, self.peer_alive, self.timeout_s = send, peer_alive, timeout_s
         self.layers_per_group, self.metrics = layers_per_group, metrics
+        self.router = router
         self.flags = LayerGroupFlags(layout.num_layers, layers_per_group, device)
         self.dst_slots = None
+        self.fetch_id: str | None = None
+        self.deadline = 0.0  # wall clock, sent to decode with the request
         self.start_token = self.end_token = 0
         self.monitor = None
 
@@ -218,7 +285,10 @@ class UnitFetch:
         if slots is None:
             return False
         self.dst_slots = slots
-        reader = NoticeReader(self.agent, fetch_id)
+        self.deadline = time.time() + self.timeout_s
+        if self.router is not None:
+            self.router.open(fetch_id)
+        reader = NoticeReader(self.agent, fetch_id, self.router)
         self.monitor = self._monitor_cls(
             self.flags, self.timeout_s, reader, self.peer_alive, refused=lambda: reader.refused
         ).start()
@@ -233,6 +303,7 @@ class UnitFetch:
                 agent_name=self.agent_name,
                 layout=self.layout,
                 layers_per_group=self.layers_per_group,
+                deadline=self.deadline,
             )
         )
         return True
@@ -242,11 +313,23 @@ class UnitFetch:
         self.flags.wait_layer(layer)
         return not self.flags.layer_failed(layer)
 
-    def finish(self):
+    @property
+    def concluded(self) -> bool:
+        """The monitor has decided (every group READY, or the fetch failed): `finish` will not block."""
+        return self.monitor is not None and self.monitor.outcome is not None
+
+    def finish(self, free: bool = True):
+        """Wait for the monitor's verdict; on failure free the destination pages (count a fallback),
+        unless `free` is False: then the caller owns them still (to keep them from reuse while a late
+        WRITE may land). On success the pages stay allocated: the caller hands them on (e.g. into the
+        radix tree)."""
         outcome = self.monitor.join(self.timeout_s + 5)
+        if self.router is not None:
+            self.router.close(self.fetch_id)
         if not outcome.complete:
-            self.allocator.free(self.dst_slots)
-            self.dst_slots = None
+            if free:
+                self.allocator.free(self.dst_slots)
+                self.dst_slots = None
             if self.metrics is not None:
                 self.metrics.fallbacks.inc()
         return outcome

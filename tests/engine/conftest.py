@@ -45,9 +45,10 @@ def plugin_loaded() -> None:
 
 class DecodeKV:
     """A decode instance's real SGLang memory on CPU: KV pool, paged allocator, request rows and the
-    UnifiedRadixCache SGLang builds when the decode radix cache is off."""
+    UnifiedRadixCache SGLang builds when the decode radix cache is off (`radix=True`: the enabled tree
+    a prefill instance builds by default)."""
 
-    def __init__(self, tokens: int = 256, layers: int = 3, page: int = PAGE) -> None:
+    def __init__(self, tokens: int = 256, layers: int = 3, page: int = PAGE, radix: bool = False) -> None:
         import torch
         from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -70,8 +71,9 @@ class DecodeKV:
         )
         self.tree = UnifiedRadixCache(
             CacheInitParams(
-                disable=True, req_to_token_pool=self.req_to_token, token_to_kv_pool_allocator=self.allocator,
-                page_size=page, tree_components=(ComponentType.FULL,),
+                disable=not radix, req_to_token_pool=self.req_to_token,
+                token_to_kv_pool_allocator=self.allocator, page_size=page,
+                tree_components=(ComponentType.FULL,),
             )
         )  # fmt: skip
 

@@ -17,11 +17,12 @@ def test_settings_are_read_from_the_environment() -> None:
             "BASIN_ENGINE_ADOPT_HEADROOM": "0.2",
             "BASIN_ENGINE_RECLAIM_HEADROOM": "0.1",
             "BASIN_ENGINE_UNIT_PORT": "7400",
+            "BASIN_ENGINE_FETCH_TIMEOUT": "0.5",
             "PATH": "/usr/bin",
         }
     )
     assert (cfg.lending, cfg.lend_cap, cfg.adopt_headroom, cfg.reclaim_headroom) == (False, 0.7, 0.2, 0.1)
-    assert cfg.unit_port == 7400 and cfg.bootstrap_priority and cfg.metrics
+    assert cfg.unit_port == 7400 and cfg.fetch_timeout_s == 0.5 and cfg.bootstrap_priority and cfg.metrics
     assert EngineExtConfig.from_env({}) == EngineExtConfig()
 
 
@@ -32,6 +33,7 @@ def test_settings_are_read_from_the_environment() -> None:
         ({"BASIN_ENGINE_RECLAIM_HEADROOM": "0.2"}, "lower margin"),  # above the adoption margin
         ({"BASIN_ENGINE_LENDING": "maybe"}, "not a boolean"),
         ({"BASIN_ENGINE_UNIT_PORT": "70000"}, "TCP port"),
+        ({"BASIN_ENGINE_FETCH_TIMEOUT": "0"}, "fetch_timeout_s"),
         ({"BASIN_ENGINE_LAYER_WAIT_TIMEOUT_S": "2"}, "unknown setting"),
     ],
 )

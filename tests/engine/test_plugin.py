@@ -82,3 +82,31 @@ def test_version_guard_accepts_the_supported_release_only() -> None:
     for other in ("0.5.22", "0.5.24", "0.6.0"):
         with pytest.raises(UnsupportedSGLangVersion, match=other):
             check_sglang_version(other)
+
+
+FETCH_PROBE = textwrap.dedent(
+    """
+    import torchvision_shim
+    from sglang.srt.plugins import load_plugins
+    load_plugins()
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.disaggregation.prefill import SchedulerDisaggregationPrefillMixin as M
+    from basin_engine_ext import hooks
+    def ours(f):  # HookRegistry's AROUND wrapper closes over the hook function
+        return any(c.cell_contents in (hooks.admit_with_unit_fetch, hooks.record_sent_units)
+                   for c in (f.__closure__ or ()))
+    print([ours(f) for f in (Scheduler.get_new_batch_prefill, M.process_disagg_prefill_inflight_queue,
+                             Scheduler.process_disagg_prefill_inflight_queue)])
+    """
+)
+
+
+@pytest.mark.parametrize("port, expected", [("7400", "[True, True, True]"), ("0", "[False, False, False]")])
+def test_prefill_fetch_hooks_are_placed_on_sglangs_scheduler_only_with_a_unit_port(port, expected) -> None:
+    clean = {k: v for k, v in checkout_env().items() if not k.startswith(("BASIN_ENGINE_", "SGLANG_PLUGINS"))}
+    env = {**clean, "SGLANG_PLUGINS": "basin", "BASIN_ENGINE_UNIT_PORT": port}
+    out = subprocess.run(
+        [sys.executable, "-c", FETCH_PROBE], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == expected

@@ -153,6 +153,37 @@ def test_decode_without_a_matching_unit_says_so_and_prefill_recomputes_at_once(p
         decode.close()
 
 
+def test_decode_writes_nothing_once_prefill_has_given_the_pages_up(prefill) -> None:
+    """A request that reaches decode after its deadline (a stalled decode catching up) is answered with
+    a miss, and no byte lands in prefill's pages, which prefill may already have handed on."""
+    from unit_peer import LAYERS, PROMPT, SESSION
+
+    from basin_engine_ext.transfer import FetchRequest, NoticeReader, pages_of
+
+    kv, layout, agent = prefill
+    decode = Peer("serve")
+    try:
+        slots = kv.allocator.alloc(len(PROMPT))
+        decode.send(
+            FetchRequest(
+                fetch_id="late", session=SESSION, prompt_ids=list(PROMPT), local_match=0,
+                dst_pages=pages_of(slots, layout.page_size), agent_metadata=agent.get_agent_metadata(),
+                agent_name="prefill-0", layout=layout, layers_per_group=2, deadline=time.time() - 1,
+            )
+        )  # fmt: skip
+        reader = NoticeReader(agent, "late")
+        deadline = time.monotonic() + 20
+        groups: list[int] = []
+        while not reader.refused and time.monotonic() < deadline:
+            groups += reader()
+            time.sleep(0.01)
+        assert reader.refused and groups == []
+        for layer in range(LAYERS):
+            assert not kv.pool.k_buffer[layer][slots].any() and not kv.pool.v_buffer[layer][slots].any()
+    finally:
+        decode.close()
+
+
 def test_prefill_reports_the_units_its_own_cache_still_holds() -> None:
     from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams
     from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
