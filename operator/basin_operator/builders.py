@@ -105,13 +105,22 @@ def build_engine_deployment(name: str, namespace: str, spec: BasinDeploymentSpec
     if mode == "prefill":
         ports.append({"name": "bootstrap", "containerPort": c.BOOTSTRAP_PORT})
         annotations[c.BOOTSTRAP_PORT_ANNOTATION] = str(c.BOOTSTRAP_PORT)
+    else:
+        ports.append({"name": "units", "containerPort": c.UNIT_PORT})
+    # The engine extension (docs/engine-ext.md): decode serves lent units on UNIT_PORT, prefill fetches
+    # them there; both roles must agree on the port. φ caps the decode memory lent.
+    env = [
+        {"name": c.ENGINE_PLUGIN_ENV, "value": c.ENGINE_PLUGIN},
+        {"name": "BASIN_ENGINE_UNIT_PORT", "value": str(c.UNIT_PORT)},
+        {"name": "BASIN_ENGINE_LEND_CAP", "value": str(spec.gateway.policy.lend_cap)},
+    ]
     container = {
         "name": "engine",
         "image": spec.images.engine,
         "imagePullPolicy": spec.images.pull_policy,
         "command": ["python3", "-m", "sglang.launch_server"],
         "args": engine_args(spec, mode),
-        "env": [{"name": c.ENGINE_PLUGIN_ENV, "value": c.ENGINE_PLUGIN}],
+        "env": env,
         "ports": ports,
         "readinessProbe": {
             "httpGet": {"path": "/health", "port": c.ENGINE_PORT},

@@ -151,3 +151,19 @@ def test_engine_pods_enable_the_plugin_by_its_entry_point_name() -> None:
     plugins = pyproject["project"]["entry-points"]["sglang.srt.plugins"]
     assert constants.ENGINE_PLUGIN in plugins
     assert plugins[constants.ENGINE_PLUGIN].startswith("basin_engine_ext:")
+
+
+def test_both_engine_roles_agree_on_the_unit_port_and_carry_the_lend_cap() -> None:
+    from basin_operator import constants
+
+    shaped = spec(gateway={"policy": {"lendCap": 0.3}})
+    envs = {}
+    for mode in ("prefill", "decode"):
+        pod = builders.build_engine_deployment("bd", "ns", shaped, mode)["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        envs[mode] = {e["name"]: e["value"] for e in container["env"]}
+        assert envs[mode]["BASIN_ENGINE_UNIT_PORT"] == str(constants.UNIT_PORT)
+        assert envs[mode]["BASIN_ENGINE_LEND_CAP"] == "0.3"
+        assert envs[mode][constants.ENGINE_PLUGIN_ENV] == constants.ENGINE_PLUGIN
+    decode_ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert decode_ports["units"] == constants.UNIT_PORT
