@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from basin_engine_ext.metrics import EngineMetrics
-from basin_engine_ext.units import Unit, UnitStore
+from basin_engine_ext.units import Unit, UnitStore, common_prefix
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ class DecodeLender:
         unit = self.store.get(session)
         if unit is None:
             return None
-        covered = _common_prefix(unit.token_ids, prompt_ids)
+        covered = common_prefix(unit.token_ids, prompt_ids)
         covered = (covered // self.page_size) * self.page_size
         start = (local_match // self.page_size) * self.page_size
         if covered <= local_match:
@@ -148,12 +148,3 @@ class DecodeLender:
         if self.metrics is not None:
             self.metrics.lent_tokens.set(self.store.lent)
             self.metrics.lent_units.set(len(self.store))
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n

@@ -49,6 +49,7 @@ from basin_engine_ext.transfer import (
     encode_held,
     make_agent,
 )
+from basin_engine_ext.units import common_prefix
 
 logger = logging.getLogger(__name__)
 
@@ -195,7 +196,7 @@ class PrefillFetcher:
         ps = self.layout.page_size
         # SGLang's own match keeps at least the prompt's last token to compute; fetch no further.
         usable = ((len(prompt) - 1) // ps) * ps
-        end = min((_common_prefix(unit.token_ids, prompt) // ps) * ps, usable)
+        end = min((common_prefix(unit.token_ids, prompt) // ps) * ps, usable)
         result = self.tree_cache.match_prefix(MatchPrefixParams(key=self._key(req, prompt)))
         start = (result.device_prefix_len // ps) * ps
         if end <= start:
@@ -319,15 +320,6 @@ def decode_endpoint(req: Any) -> str | None:
         if endpoint:
             return str(endpoint)
     return None
-
-
-def _common_prefix(a: Iterable[int], b: Iterable[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 # ---------------------------------------------------------------------- SGLang hooks
