@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -273,3 +276,16 @@ def test_lending_keeps_marked_prompts_on_decode(emulator_factory) -> None:  # ty
     response = post(f"{emulator.url}/generate", body)
     assert response.status_code == 200
     assert lent() == 62 * 64  # the prompt's full pages; the partial last page is not kept
+
+
+def test_a_port_in_use_is_a_one_line_error(emulator) -> None:  # type: ignore[no-untyped-def]
+    basin = str(Path(sys.executable).with_name("basin"))
+    result = subprocess.run(
+        [basin, "emulate", "--port", str(emulator.port)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "address already in use" in result.stderr and "Traceback" not in result.stderr
