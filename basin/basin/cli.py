@@ -159,6 +159,33 @@ def _writable(out: str) -> Path:
     return path
 
 
+def _write_json(payload: dict, json_out: str | None) -> None:
+    """`--json`: `-` prints one line to stdout (and nothing else is printed), a path gets the file."""
+    if json_out == "-":
+        click.echo(json.dumps(payload))
+    elif json_out:
+        Path(json_out).write_text(json.dumps(payload, indent=1))
+
+
+def _report_run(
+    payload: dict,
+    summary,  # type: ignore[no-untyped-def]
+    records,
+    json_out: str | None,
+    plot_out: str | None,
+    plot_title: str,
+    **table: object,
+) -> None:
+    """A simulated or replayed run's outputs: the JSON, the time-series figure, the summary table."""
+    _write_json(payload, json_out)
+    if plot_out:
+        from basin.evaluate.plot import plot_run
+
+        plot_run(summary, records, plot_out, title=plot_title)
+    if json_out != "-":
+        _print_summary(payload, **table)  # type: ignore[arg-type]
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="basin")
 def cli() -> None:
@@ -373,21 +400,8 @@ def simulate(
         "events": result.events,
         "wall_seconds": result.wall_seconds,
     }
-    if json_out == "-":
-        click.echo(json.dumps(payload))
-    elif json_out:
-        Path(json_out).write_text(json.dumps(payload, indent=1))
-    if plot_out:
-        from basin.evaluate.plot import plot_run
-
-        plot_run(
-            summary,
-            result.records,
-            plot_out,
-            title=f"{preset.name}, {policy}, {base_rate:g}/min, surge x{surge_factor:g}",
-        )
-    if json_out != "-":
-        _print_summary(payload)
+    title = f"{preset.name}, {policy}, {base_rate:g}/min, surge x{surge_factor:g}"
+    _report_run(payload, summary, result.records, json_out, plot_out, title)
 
 
 @cli.command("emulate")
@@ -628,25 +642,21 @@ def replay(
         "model_seconds": result.model_seconds,
         "wall_seconds": result.wall_seconds,
     }
-    if json_out == "-":
-        click.echo(json.dumps(payload))
-    elif json_out:
-        Path(json_out).write_text(json.dumps(payload, indent=1))
-    if plot_out:
-        from basin.evaluate.plot import plot_run
-
-        plot_run(result.summary, result.records, plot_out, title=f"replay of {workload} against {target}")
-    if json_out != "-":
-        _print_summary(
-            payload,
-            title=f"replay · {target} · {workload} · {base_rate:g} sessions/min · seed {seed}",
-            extra=[
-                ("requests / answered", f"{counts.requests:,} / {counts.answered:,}"),
-                ("parked answers (429)", str(counts.parked_answers)),
-                ("errors (connection / failed)", f"{counts.connection_errors} / {counts.failed_requests}"),
-                ("wall seconds", f"{result.wall_seconds:.1f}"),
-            ],
-        )
+    _report_run(
+        payload,
+        result.summary,
+        result.records,
+        json_out,
+        plot_out,
+        f"replay of {workload} against {target}",
+        title=f"replay · {target} · {workload} · {base_rate:g} sessions/min · seed {seed}",
+        extra=[
+            ("requests / answered", f"{counts.requests:,} / {counts.answered:,}"),
+            ("parked answers (429)", str(counts.parked_answers)),
+            ("errors (connection / failed)", f"{counts.connection_errors} / {counts.failed_requests}"),
+            ("wall seconds", f"{result.wall_seconds:.1f}"),
+        ],
+    )
     for message in counts.first_errors:
         click.echo(f"error: {message}", err=True)
     if counts.stopped_early:
@@ -849,11 +859,9 @@ def evaluate_command(suite: str, seed: int, json_out: str | None, plot_out: str 
         )
     heads = headline(rows)
     payload = {"suite": suite, "seed": seed, "rows": [r.to_dict() for r in rows], "headline": heads}
+    _write_json(payload, json_out)
     if json_out == "-":
-        click.echo(json.dumps(payload))
         return
-    if json_out:
-        Path(json_out).write_text(json.dumps(payload, indent=1))
     if plot_out and len(scenarios) == 1:
         plot_timeseries(summaries, scenarios[0], plot_out)  # one scenario: its time series
     elif plot_out:
