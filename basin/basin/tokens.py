@@ -13,7 +13,7 @@ prompts share a page key exactly when they share every token up to the end of th
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -49,6 +49,16 @@ def encode(text: str) -> list[int]:
 def decode(ids: Sequence[int]) -> str:
     """Text whose `encode` gives back `ids` (for ids in the vocabulary)."""
     return " ".join(f"w{i}" for i in ids)
+
+
+def common_prefix(a: Iterable[int], b: Iterable[int]) -> int:
+    """Length of the longest common prefix of two sequences (tokens, page keys, block hashes)."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def page_keys(ids: Sequence[int], page_tokens: int) -> tuple[int, ...]:

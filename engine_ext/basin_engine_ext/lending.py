@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
+from basin.tokens import common_prefix
 from basin_engine_ext.metrics import EngineMetrics
-from basin_engine_ext.units import Unit, UnitStore, common_prefix
+from basin_engine_ext.units import Unit, UnitStore
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from basin.tokens import common_prefix
 from basin_engine_ext.config import LEND_KEY, SESSION_KEY
 from basin_engine_ext.transfer import (
     IndexedUnit,
@@ -49,7 +50,6 @@ from basin_engine_ext.transfer import (
     encode_held,
     make_agent,
 )
-from basin_engine_ext.units import common_prefix
 
 logger = logging.getLogger(__name__)
 

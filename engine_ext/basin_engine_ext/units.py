@@ -168,13 +168,3 @@ class UnitStore(Generic[P]):
         unit = self._units.pop(session)
         self.lent -= unit.tokens
         return unit
-
-
-def common_prefix(a: Iterable[int], b: Iterable[int]) -> int:
-    """Length of the longest common prefix of two token sequences."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n

@@ -30,6 +30,7 @@ from basin.sim.costs import (
 from basin.sim.deployments import PAGE_TOKENS, Deployment, GpuCalibration
 from basin.sim.env import Environment, Timer
 from basin.sim.radix import Node, RadixCache
+from basin.tokens import common_prefix
 
 
 @dataclass(eq=False, slots=True)
@@ -760,11 +761,7 @@ class PDEngine:
         unit = self.units.get(request.route_key)
         if unit is None:
             return 0
-        covered = 0
-        for a, b in zip(unit.keys, request.keys, strict=False):
-            if a != b:
-                break
-            covered += 1
+        covered = common_prefix(unit.keys, request.keys)
         unit.decode.drop(unit)
         if covered <= matched_pages:
             return 0

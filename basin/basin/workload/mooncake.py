@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from basin.errors import InputFileError
+from basin.tokens import common_prefix
 from basin.workload.model import Call, Session
 
 BLOCK_TOKENS = 512
@@ -119,15 +120,6 @@ def chain_requests(requests: list[TraceRequest]) -> list[list[TraceRequest]]:
     return chains
 
 
-def _shared_blocks(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    shared = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        shared += 1
-    return shared
-
-
 def sessions_from_trace(
     requests: list[TraceRequest], service: ReferenceService | None = None
 ) -> list[Session]:
@@ -141,7 +133,7 @@ def sessions_from_trace(
                 new = request.input_length
             else:
                 previous = chain[position - 1]
-                carried = _shared_blocks(previous.hash_ids, request.hash_ids) * BLOCK_TOKENS
+                carried = common_prefix(previous.hash_ids, request.hash_ids) * BLOCK_TOKENS
                 carried = min(carried, request.input_length, previous.input_length + previous.output_length)
                 new = request.input_length - carried
             gap = 0.0
