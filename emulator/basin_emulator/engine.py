@@ -184,12 +184,9 @@ class LiveEngine:
         self.calls.pop(call.rid, None)
 
     def generated(self, call: LiveCall) -> int:
+        """Output tokens produced so far (none before the request reaches decode)."""
         request = call.request
-        if request.state == "done":
-            return request.output_tokens
-        if request.decode is None:
-            return 0
-        return request.decode.generated(request, self.model_now())
+        return 0 if request.decode is None else request.decode.generated(request, self.model_now())
 
     def flush_cache(self) -> int:
         """Drop every cached page no request holds (SGLang's /flush_cache); returns pages dropped."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -235,10 +234,11 @@ async def _serve_job(
         engine.release(arrival)
     try:
         return await respond(call)
-    except (asyncio.CancelledError, ConnectionResetError):
+    except asyncio.CancelledError:
         engine.abort(call.rid)  # the client went away: free what the request holds
-        if isinstance(sys.exc_info()[1], asyncio.CancelledError):
-            raise
+        raise
+    except ConnectionResetError:
+        engine.abort(call.rid)
         return web.Response(status=499)  # nobody reads it; keeps a vanished client out of the error log
     finally:
         engine.finish(call)
