@@ -286,8 +286,9 @@ def adopt_before_release(req: Any, tree_cache: Any, *args: Any, **kwargs: Any) -
     if lender is None or not req.kv.holds_kv or not req.finished():
         return None
     session = lend_mark(req)
-    if session is None or req.kv.cache_protected_len > 0:
-        # Unmarked, or the prefix belongs to a decode radix tree (not ours to lend).
+    if session is None or tree_caches_requests(tree_cache):
+        # Unmarked, or a decode radix tree takes the request's KV on release: a unit over the same
+        # pages would give them two owners, and the tree would evict and reuse what the unit lends.
         return None
     prompt = list(req.origin_input_ids)
     row = tree_cache.req_to_token_pool.req_to_token[req.kv.req_pool_idx, : len(prompt)]
@@ -298,6 +299,12 @@ def adopt_before_release(req: Any, tree_cache: Any, *args: Any, **kwargs: Any) -
         # SGLang's release frees [cache_protected_len, owned); the unit now owns [0, kept).
         req.kv.cache_protected_len = kept
     return None
+
+
+def tree_caches_requests(tree_cache: Any) -> bool:
+    """Whether SGLang's release inserts a finished request's KV into this tree (the decode radix cache
+    is on); a disabled tree (SGLang's decode default) only frees it."""
+    return not getattr(tree_cache, "disable", True)
 
 
 def _int64() -> Any:
