@@ -38,14 +38,45 @@ def test_plugin_admits_nixl_and_keeps_every_other_rule(plugin_loaded) -> None:
         hook._validate_prefill_complete(server_args(disaggregation_transfer_backend="mori"))
     with pytest.raises(ValueError) as err:
         hook._validate_prefill_complete(
-            server_args(enable_hierarchical_cache=True, hicache_write_policy="write_through")
+            server_args(enable_hierarchical_cache=True, hicache_write_policy="write_through_selective")
         )
     assert "prefill HiCache other than L2 write_back" in str(err.value)
     assert "Mooncake" not in str(err.value)
     with pytest.raises(ValueError, match="decode radix cache or decode HiCache"):
         hook._validate_prefill_complete(
+            server_args(disaggregation_mode="decode", enable_hierarchical_cache=True)
+        )
+    with pytest.raises(ValueError, match="attention tensor parallelism"):
+        hook._validate_prefill_complete(server_args(tp_size=2))
+
+
+def test_sglang_alone_rejects_the_decode_radix_cache_and_prefill_write_through(plugin_loaded) -> None:
+    from sglang.srt.arg_groups import pd_disaggregation_hook as hook
+
+    with pytest.raises(ValueError, match="decode radix cache or decode HiCache"):
+        hook._validate_prefill_complete.__wrapped__(
             server_args(disaggregation_mode="decode", disaggregation_decode_enable_radix_cache=True)
         )
+    with pytest.raises(ValueError, match="prefill HiCache other than L2 write_back"):
+        hook._validate_prefill_complete.__wrapped__(
+            server_args(enable_hierarchical_cache=True, hicache_write_policy="write_through")
+        )
+
+
+def test_plugin_admits_the_decode_radix_cache_and_l2_write_through_on_nixl_only(plugin_loaded) -> None:
+    from sglang.srt.arg_groups import pd_disaggregation_hook as hook
+
+    radix = {"disaggregation_mode": "decode", "disaggregation_decode_enable_radix_cache": True}
+    hook._validate_prefill_complete(server_args(**radix))
+    through = {"enable_hierarchical_cache": True, "hicache_write_policy": "write_through"}
+    hook._validate_prefill_complete(server_args(**through))
+    # the same caches with decode HiCache, an L3 storage backend or another backend stay rejected
+    with pytest.raises(ValueError, match="decode radix cache or decode HiCache"):
+        hook._validate_prefill_complete(server_args(**radix, enable_hierarchical_cache=True))
+    with pytest.raises(ValueError, match="prefill HiCache other than L2 write_back"):
+        hook._validate_prefill_complete(server_args(**through, hicache_storage_backend="file"))
+    with pytest.raises(ValueError, match="decode radix cache or decode HiCache"):
+        hook._validate_prefill_complete(server_args(**radix, disaggregation_transfer_backend="mori"))
 
 
 @pytest.fixture
