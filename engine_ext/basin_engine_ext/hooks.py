@@ -286,9 +286,10 @@ def adopt_before_release(req: Any, tree_cache: Any, *args: Any, **kwargs: Any) -
     if lender is None or not req.kv.holds_kv or not req.finished():
         return None
     session = lend_mark(req)
-    if session is None or tree_caches_requests(tree_cache):
-        # Unmarked, or a decode radix tree takes the request's KV on release: a unit over the same
-        # pages would give them two owners, and the tree would evict and reuse what the unit lends.
+    if session is None or tree_caches_requests(tree_cache) or req.kv.cache_protected_len > 0:
+        # Unmarked; or a decode radix tree takes the request's KV on release (a unit over the same
+        # pages would give them two owners, and the tree would evict and reuse what the unit lends);
+        # or part of the prompt is not the request's to lend.
         return None
     prompt = list(req.origin_input_ids)
     row = tree_cache.req_to_token_pool.req_to_token[req.kv.req_pool_idx, : len(prompt)]
