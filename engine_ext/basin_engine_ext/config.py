@@ -27,6 +27,9 @@ class EngineExtConfig:
     prefill_complete_nixl: bool = True  # accept the prefill_complete allocation policy on NIXL
     unit_port: int = 0  # decode: serve unit fetches on this TCP port (+ tp rank); prefill: fetch from it
     fetch_timeout_s: float = 2.0  # prefill: give up a unit fetch after this long and recompute
+    # prefill: admit a fetching request at once and wait per layer on the device (§6.6) instead of holding
+    # it until its whole unit arrived; off until it has run on a GPU
+    layer_overlap: bool = False
     metrics: bool = True
 
     def __post_init__(self) -> None:
@@ -55,6 +58,7 @@ class EngineExtConfig:
             "PREFILL_COMPLETE_NIXL": ("prefill_complete_nixl", _bool),
             "UNIT_PORT": ("unit_port", int),
             "FETCH_TIMEOUT": ("fetch_timeout_s", float),
+            "LAYER_OVERLAP": ("layer_overlap", _bool),
             "METRICS": ("metrics", _bool),
         }
         kwargs: dict[str, object] = {}

@@ -20,6 +20,13 @@ Targets (dotted paths resolved by SGLang's HookRegistry, which also rebinds `fro
   requests out of admission until the unit's KV is in the radix tree or the fetch failed (`prefill.py`);
 - `SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue` (AROUND, same): note the
   decode instance of marked requests in transfer, record the session's unit once the transfer succeeded;
+- with `BASIN_ENGINE_LAYER_OVERLAP` as well (prefill admits a fetching request at once, `prefill.py`):
+  `Req.init_next_round_input` (AFTER) extends a fetching request's match over the fetched pages;
+  `UnifiedRadixCache.prefix_device_indices` (AROUND) hands SGLang's extend allocation those pages after
+  the tree's path; `PrefillAdder.add_one_req` (AROUND) leaves such a request waiting rather than chunk
+  it; `AttentionBackend.forward` (AROUND) launches the layer-wait kernel for the batches that carry one
+  (`overlap.py`); `process_batch_result_disagg_prefill` (AROUND) settles their fetches and sends a
+  request whose fetch failed mid-forward back to recomputation;
 - reservation at prefill completion over NIXL: see `reservation.py`.
 """
 
@@ -50,6 +57,15 @@ TARGETS = {
     "fetch": "sglang.srt.managers.scheduler.Scheduler.get_new_batch_prefill",
     "record": "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin."
     "process_disagg_prefill_inflight_queue",
+}
+
+OVERLAP_TARGETS = {
+    "match": "sglang.srt.managers.schedule_batch.Req.init_next_round_input",
+    "prefix": "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.prefix_device_indices",
+    "chunk": "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req",
+    "attention": "sglang.srt.layers.attention.base_attn_backend.AttentionBackend.forward",
+    "settle": "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin."
+    "process_batch_result_disagg_prefill",
 }
 
 
@@ -103,6 +119,8 @@ def register_hooks() -> None:
         if cfg.unit_port:
             HookRegistry.register(TARGETS["fetch"], admit_with_unit_fetch, HookType.AROUND)
             HookRegistry.register(TARGETS["record"], record_sent_units, HookType.AROUND)
+            if cfg.layer_overlap:
+                register_overlap_hooks()
     if cfg.bootstrap_priority:
         HookRegistry.register(TARGETS["bootstrap"], pop_bootstrapped_by_priority, HookType.AROUND)
     if cfg.prefill_complete_nixl:
@@ -243,13 +261,136 @@ def count_lent_in_memory_check(original: Any, checker: Any, ps: Any, uncached: i
 
 # ---------------------------------------------------------------------- prefill: unit fetch
 def admit_with_unit_fetch(original: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
-    """Around SGLang's prefill admission: fetch units, hold requests whose unit is still arriving."""
+    """Around SGLang's prefill admission: fetch units, hold requests whose unit is still arriving (or,
+    with the per-layer overlap, let SGLang admit them and attach their fetches to the new batch)."""
     from basin_engine_ext import prefill
 
     fetcher = prefill.fetcher_for(scheduler, _State.config)
     if fetcher is None:
         return original(scheduler, *args, **kwargs)
-    return prefill.hold_fetching_requests(fetcher, scheduler, lambda: original(scheduler, *args, **kwargs))
+    batch = prefill.hold_fetching_requests(fetcher, scheduler, lambda: original(scheduler, *args, **kwargs))
+    if fetcher.overlap:
+        fetcher.attach(_admitted(batch))
+    return batch
+
+
+def _admitted(batch: Any) -> list[Any]:
+    """The requests of what an admission pass returned: SGLang's `ScheduleBatch` (or None), or a list."""
+    if batch is None:
+        return []
+    if isinstance(batch, list):
+        return batch
+    return list(getattr(batch, "reqs", None) or [])
+
+
+# ---------------------------------------------------------------------- prefill: per-layer overlap
+def register_overlap_hooks() -> None:
+    """The hooks of the per-layer overlap; each is inert for requests and batches without a fetch."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from basin_engine_ext import overlap
+
+    HookRegistry.register(OVERLAP_TARGETS["match"], extend_match_over_fetch, HookType.AFTER)
+    HookRegistry.register(OVERLAP_TARGETS["prefix"], prefix_with_fetched_pages, HookType.AROUND)
+    HookRegistry.register(OVERLAP_TARGETS["chunk"], admit_fetching_unchunked, HookType.AROUND)
+    HookRegistry.register(OVERLAP_TARGETS["attention"], overlap.wait_before_attention, HookType.AROUND)
+    HookRegistry.register(OVERLAP_TARGETS["settle"], settle_fetched_batch, HookType.AROUND)
+
+
+def _fetcher_of_tree(tree_cache: Any) -> Any:
+    from basin_engine_ext.prefill import FETCHER_ATTR
+
+    allocator = getattr(tree_cache, "token_to_kv_pool_allocator", None)
+    return getattr(allocator, FETCHER_ATTR, None)
+
+
+def extend_match_over_fetch(result: Any, req: Any, tree_cache: Any = None, *args: Any, **kwargs: Any) -> None:
+    """After SGLang's prefix match of a waiting request: a request whose unit is arriving matches the
+    fetched pages too."""
+    fetcher = _fetcher_of_tree(tree_cache) if tree_cache is not None else None
+    if fetcher is not None and fetcher.fetching:
+        fetcher.extend_match(req)
+    return None
+
+
+def prefix_with_fetched_pages(original: Any, tree_cache: Any, req: Any) -> Any:
+    """The prefix slots SGLang writes into a new request's row: the tree's path, then the fetch's pages."""
+    from basin_engine_ext.prefill import TAIL_ATTR
+
+    f = getattr(req, TAIL_ATTR, None)
+    if f is None or req.prefix_len <= f.start:
+        return original(tree_cache, req)
+    full = req.prefix_len
+    req.prefix_len = f.start  # SGLang reads the tree's path only as far as the tree holds it
+    try:
+        head = original(tree_cache, req)
+    finally:
+        req.prefix_len = full
+    import torch
+
+    return torch.cat([head, f.fetch.dst_slots.to(head.dtype)])[:full]
+
+
+def admit_fetching_unchunked(original: Any, adder: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
+    """A request carrying a fetch is admitted whole or not in this pass: a chunk's result would be
+    published and sent before the fetch is settled. Skipped, it stays waiting (the loop goes on)."""
+    from basin_engine_ext.prefill import TAIL_ATTR
+
+    if getattr(req, TAIL_ATTR, None) is not None and adder.rem_chunk_tokens is not None:
+        extend = len(req.full_untruncated_fill_ids) - req.prefix_len
+        if adder.ceil_paged_tokens(extend) > adder.rem_chunk_tokens:
+            from sglang.srt.managers.schedule_policy import AddReqResult
+
+            return AddReqResult.CONTINUE
+    return original(adder, req, *args, **kwargs)
+
+
+def settle_fetched_batch(
+    original: Any, scheduler: Any, batch: Any, result: Any, *args: Any, **kwargs: Any
+) -> Any:
+    """Around SGLang's processing of a prefill batch's result: settle the fetches the batch carried. A
+    request whose fetch failed is taken out of the batch before SGLang processes it (no token, no tree
+    checkpoint, no KV sent to decode) and queued again to recompute; where the result cannot be split
+    per request (logprobs, auxiliary outputs, speculative drafts) it is aborted instead."""
+    from basin_engine_ext.prefill import FETCHER_ATTR
+
+    fetcher = getattr(scheduler, FETCHER_ATTR, None)
+    if not fetcher or not fetcher.overlap or not any(f.attached for f in fetcher.fetching.values()):
+        return original(scheduler, batch, result, *args, **kwargs)
+    copy_done = getattr(result, "copy_done", None)
+    if copy_done is not None:
+        copy_done.synchronize()  # the forward (and its waits) has finished before flags are read
+    failed = fetcher.settle(batch.reqs)
+    if not failed:
+        return original(scheduler, batch, result, *args, **kwargs)
+    if not _separable(batch, result):
+        for _, req, f in failed:
+            fetcher.invalidate(req, f)
+        return original(scheduler, batch, result, *args, **kwargs)
+    import torch
+
+    dropped = {i for i, _, _ in failed}
+    keep = [i for i in range(len(batch.reqs)) if i not in dropped]
+    reqs, tokens = batch.reqs, result.next_token_ids
+    batch.reqs = [reqs[i] for i in keep]
+    result.next_token_ids = tokens[torch.as_tensor(keep, dtype=torch.long, device=tokens.device)]
+    try:
+        out = original(scheduler, batch, result, *args, **kwargs)
+    finally:
+        batch.reqs, result.next_token_ids = reqs, tokens
+    for _, req, f in failed:
+        fetcher.recompute(req, f, scheduler.waiting_queue)
+    return out
+
+
+def _separable(batch: Any, result: Any) -> bool:
+    """Whether SGLang's prefill result processing reads nothing per request but `batch.reqs[i]` and
+    `next_token_ids[i]` (so a request can be taken out of both)."""
+    per_token = ("return_logprob", "return_sampling_mask")
+    if any(getattr(r, name, False) for r in batch.reqs for name in per_token):
+        return False
+    extra = ("auxiliary_host_output", "routed_experts_output", "indexer_topk_output", "next_draft_input")
+    return all(getattr(result, name, None) is None for name in extra)
 
 
 def record_sent_units(original: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:

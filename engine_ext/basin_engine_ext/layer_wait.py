@@ -59,6 +59,7 @@ class LayerGroupFlags:
 
     def __init__(self, num_layers: int, layers_per_group: int, device: str | torch.device = "cpu"):
         self.groups = layer_groups(num_layers, layers_per_group)
+        self.num_layers = num_layers
         self.layers_per_group = layers_per_group
         self.device = torch.device(device)
         self.flags = torch.zeros(len(self.groups), dtype=torch.int32, device=self.device)
@@ -104,6 +105,11 @@ class LayerGroupFlags:
     def layer_failed(self, layer: int) -> bool:
         """After the kernel ran: did this layer's group fail (read after synchronising the stream)?"""
         return int(self.status[self.group_of(layer)]) == FAILED
+
+    def all_seen_ready(self) -> bool:
+        """After a forward pass waited on every layer: did each group's kernel see READY? (A group no
+        kernel waited on reads PENDING: not confirmed, so not ready.)"""
+        return bool((self.status == READY).all())
 
 
 @dataclass

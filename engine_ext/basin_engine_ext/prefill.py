@@ -18,9 +18,17 @@ turn fetches what the unit covers beyond prefill's own radix match:
    fetch's pages stay out of use until a grace period after the deadline sent with the request (decode
    posts no WRITE after it), so a late WRITE cannot land in pages another request already uses.
 
-This is the host-side form of the fetch: the request waits for the whole unit before its forward pass.
-The per-layer form (admit at once, launch `layer_wait`'s kernel before each layer) is not wired into
-SGLang's forward yet. The held-unit report (which indexed units prefill's own tree still covers in full,
+This is the host-side form of the fetch (the default): the request waits for the whole unit before its
+forward pass. With `overlap` (`BASIN_ENGINE_LAYER_OVERLAP`) the request is instead left in the queue and
+SGLang may admit it while its unit arrives: its prefix is then the locked local match plus the fetched
+pages, which the request owns (`cache_protected_len` stays at the local match), the batch's attention
+waits per layer group on the device (`overlap.py`), and the fetch is settled when that batch's result is
+processed: complete, the request goes on as SGLang's own and its checkpoint puts the fetched pages in the
+tree; failed, its output is dropped, its KV released without insertion (the fetched pages quarantined
+as after a timeout) and it is queued again to recompute from its local match. A fetch that concludes
+before SGLang admitted its request is settled on the host as above.
+
+The held-unit report (which indexed units prefill's own tree still covers in full,
 so decode reclaims those first) goes to every known decode instance on a timer.
 """
 
@@ -56,6 +64,7 @@ logger = logging.getLogger(__name__)
 FETCHER_ATTR = "_basin_fetcher"  # on the scheduler (and its allocator, for the memory check)
 DECODE_ATTR = "_basin_decode"  # on a request: the decode unit-service address it was sent to
 CHECKED_ATTR = "_basin_fetch_checked"  # on a request: its unit was already looked up
+TAIL_ATTR = "_basin_fetch_tail"  # on a waiting request whose prefix includes a fetch's pages: the fetch
 LAYERS_PER_GROUP = 4
 HELD_REPORT_INTERVAL_S = 5.0
 LATE_WRITE_GRACE_S = 2.0
@@ -82,6 +91,15 @@ class _Fetching:
     lock: Any  # SGLang TreeLock on the local match, held until the insert
     matched: torch.Tensor  # prefill's own slots of prompt tokens [0, start)
     tokens: list[int]  # prompt tokens [0, end)
+    attached: bool = False  # in a batch SGLang is running: settled with that batch's result
+
+    @property
+    def start(self) -> int:
+        return len(self.matched)
+
+    @property
+    def end(self) -> int:
+        return len(self.tokens)
 
 
 class PrefillFetcher:
@@ -106,7 +124,9 @@ class PrefillFetcher:
         held_interval_s: float = HELD_REPORT_INTERVAL_S,
         late_write_grace_s: float = LATE_WRITE_GRACE_S,
         clock: Callable[[], float] = time.monotonic,
+        overlap: bool = False,
     ):
+        self.overlap = overlap
         self.tree_cache = tree_cache
         self.allocator = tree_cache.token_to_kv_pool_allocator
         self.agent, self.agent_name, self.layout = agent, agent_name, layout
@@ -163,11 +183,15 @@ class PrefillFetcher:
             self._maybe_start(req)
         if self.clock() >= self._next_report:
             self.report_held()
+        if self.overlap:  # SGLang may admit them now (`extend_match`); a fetch that ends first is polled
+            return [f.req for f in self.fetching.values() if not overlap_eligible(f.req)]
         return [f.req for f in self.fetching.values()]
 
     def poll(self) -> None:
         for rid, f in list(self.fetching.items()):
-            if f.fetch.concluded:
+            if f.fetch.concluded and not f.attached:  # an attached fetch is settled with its batch
+                if getattr(f.req, TAIL_ATTR, None) is f:
+                    delattr(f.req, TAIL_ATTR)
                 del self.fetching[rid]
                 self._conclude(rid, f)
         now = time.time()
@@ -180,7 +204,9 @@ class PrefillFetcher:
         """Slots of fetches still running or of timed-out fetches in their grace period (owned by neither
         a request nor the tree)."""
         running = sum(
-            int(f.fetch.dst_slots.numel()) for f in self.fetching.values() if f.fetch.dst_slots is not None
+            int(f.fetch.dst_slots.numel())
+            for f in self.fetching.values()
+            if f.fetch.dst_slots is not None and not f.attached  # attached: in the request's row
         )
         return running + sum(int(slots.numel()) for _, slots in self._quarantine)
 
@@ -227,31 +253,133 @@ class PrefillFetcher:
         from sglang.srt.mem_cache.base_prefix_cache import InsertParams
 
         outcome = f.fetch.finish(free=False)
-        fetched = 0
-        if outcome.complete:
-            slots = f.fetch.dst_slots
-            value = torch.cat([f.matched.to(slots.dtype), slots])
-            # Tokens [0, start) are the tree's own slots (locked); insert takes ownership of the fetched
-            # ones and frees any the tree meanwhile got from another request.
-            self.tree_cache.insert(
-                InsertParams(key=self._key(f.req, f.tokens), value=value, prev_prefix_len=len(f.matched))
-            )
-            fetched = len(f.tokens) - len(f.matched)
-        elif outcome.reason == "refused":  # decode said it writes nothing (more): pages back at once
+        if not outcome.complete:
+            self._give_up(rid, f, outcome)
+            return
+        slots = f.fetch.dst_slots
+        value = torch.cat([f.matched.to(slots.dtype), slots])
+        # Tokens [0, start) are the tree's own slots (locked); insert takes ownership of the fetched
+        # ones and frees any the tree meanwhile got from another request.
+        self.tree_cache.insert(
+            InsertParams(key=self._key(f.req, f.tokens), value=value, prev_prefix_len=len(f.matched))
+        )
+        fetched = len(f.tokens) - len(f.matched)
+        f.fetch.dst_slots = None
+        self.tree_cache.unlock(f.lock)
+        self._record(rid, outcome.reason, fetched)
+
+    def _give_up(self, rid: str, f: _Fetching, outcome: Any) -> None:
+        """A failed fetch: its pages go back (at once after a refusal, after the grace period otherwise),
+        the local match is unlocked, the index learns what failed."""
+        if outcome.reason == "refused":  # decode said it writes nothing (more): pages back at once
             self.allocator.free(f.fetch.dst_slots)
             if self.index.lookup(f.session) is f.unit:  # decode no longer holds that unit
                 self.index.forget(f.session)
-        else:  # timeout: decode may still post a WRITE until the deadline
+        else:  # timeout, lost peer: decode may still post a WRITE until the deadline
             self._quarantine.append((f.fetch.deadline + self.late_write_grace_s, f.fetch.dst_slots))
             # A decode instance that let one fetch time out is likely gone or stalled: stop sending its
             # sessions' turns into the same wait; their next sent turns index them again.
             self.index.forget_decode(f.unit.decode)
         f.fetch.dst_slots = None
-        if not outcome.complete:
-            logger.info("basin unit fetch for %s: %s, recomputing", rid, outcome.reason)
+        logger.info("basin unit fetch for %s: %s, recomputing", rid, outcome.reason)
         self.tree_cache.unlock(f.lock)
-        self.outcomes.append((rid, outcome.reason, fetched))
+        self._record(rid, outcome.reason, 0)
+
+    def _record(self, rid: str, reason: str, fetched: int) -> None:
+        self.outcomes.append((rid, reason, fetched))
         del self.outcomes[:-64]
+
+    # ------------------------------------------------------------------ per-layer overlap
+    def extend_match(self, req: Any) -> None:
+        """After SGLang matched a waiting request (`Req.init_next_round_input`): if its unit is still
+        arriving and the tree matched exactly the locked local part, extend its prefix over the fetched
+        pages, so admission computes only the rest. The request owns those pages (its
+        `cache_protected_len` stays at the local match, set by SGLang's match)."""
+        f = self.fetching.get(req.rid)
+        if getattr(req, TAIL_ATTR, None) is not None:
+            delattr(req, TAIL_ATTR)
+        if not self.overlap or f is None or f.req is not req or f.attached or not overlap_eligible(req):
+            return
+        monitor = f.fetch.monitor
+        if monitor is not None and monitor.outcome is not None and not monitor.outcome.complete:
+            return  # failed already: the next poll gives it up, the request recomputes
+        if req.prefix_len != f.start:  # the tree changed under the request (no longer our locked path)
+            return
+        req.prefix_len = f.end
+        req.num_matched_prefix_tokens = f.end
+        setattr(req, TAIL_ATTR, f)
+
+    def attach(self, reqs: Iterable[Any]) -> list[Any]:
+        """SGLang admitted these requests into a prefill batch: those carrying a fetch's pages now run
+        with them; register their flags for the attention hook. Returns the attached requests."""
+        from basin_engine_ext import overlap
+
+        attached = []
+        for req in reqs:
+            f = getattr(req, TAIL_ATTR, None)
+            if f is None or self.fetching.get(req.rid) is not f:
+                continue
+            f.attached = True
+            overlap.register(req.rid, f.fetch.flags)
+            attached.append(req)
+        return attached
+
+    def settle(self, reqs: list[Any]) -> list[tuple[int, Any, _Fetching]]:
+        """After a batch's forward pass (its result is being processed): conclude the fetches it carried.
+        A fetch is good only if it completed and every layer group's wait saw READY; the others are
+        returned (batch position, request, fetch) for the caller to drop and recompute."""
+        from basin_engine_ext import overlap
+
+        failed = []
+        for i, req in enumerate(reqs):
+            f = getattr(req, TAIL_ATTR, None)
+            if f is None or not f.attached or self.fetching.get(req.rid) is not f:
+                continue
+            del self.fetching[req.rid]
+            delattr(req, TAIL_ATTR)
+            overlap.unregister(req.rid)
+            outcome = f.fetch.finish(free=False)
+            if outcome.complete and f.fetch.flags.all_seen_ready():
+                f.fetch.dst_slots = None  # the request's pages now; its checkpoint puts them in the tree
+                self.tree_cache.unlock(f.lock)
+                self._record(req.rid, outcome.reason, f.end - f.start)
+            else:
+                failed.append((i, req, f))
+        return failed
+
+    def recompute(self, req: Any, f: _Fetching, waiting_queue: list[Any]) -> None:
+        """A request whose batch read a failed fetch: release its KV without inserting anything into the
+        tree (the fetched pages kept out of the free list, then quarantined), reset it as SGLang resets
+        a retracted request, and queue it first again; it recomputes from its local match."""
+        self._drop_kv(req, f)
+        req.reset_for_retract()
+        if hasattr(req, "advance_cache_request_handle"):
+            req.advance_cache_request_handle()
+        waiting_queue.insert(0, req)
+
+    def invalidate(self, req: Any, f: _Fetching) -> None:
+        """A failed fetch in a batch whose result cannot be split per request: SGLang aborts the request
+        (its KV is released without insertion and never sent) rather than pass on invalid output."""
+        from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+        req.kv.cache_protected_len = f.end  # SGLang's release must leave the fetched pages to us
+        self._give_up(req.rid, f, _failed(f))
+        req.discard_output_reason = FINISH_ABORT("basin: unit fetch failed during the forward pass")
+
+    def _drop_kv(self, req: Any, f: _Fetching) -> None:
+        from sglang.srt.mem_cache.common import release_kv_cache
+
+        finish = getattr(self.tree_cache, "finish", None)
+        handle = getattr(req, "cache_request_handle", None)
+        if finish is not None and handle is not None:
+            from sglang.srt.mem_cache.base_prefix_cache import CacheRequestOutcome
+
+            finish(handle, CacheRequestOutcome.ABORT)
+        # SGLang's release frees [cache_protected_len, owned): raising the protected length to the
+        # fetch's end leaves the fetched pages to `_give_up` (a late WRITE may still land in them).
+        req.kv.cache_protected_len = f.end
+        release_kv_cache(req, self.tree_cache, checkpoint=False)
+        self._give_up(req.rid, f, _failed(f))
 
     # ------------------------------------------------------------------ held report
     def report_held(self) -> None:
@@ -285,6 +413,28 @@ class PrefillFetcher:
         for sock in self._sockets.values():
             sock.close()
         self._sockets.clear()
+
+
+def overlap_eligible(req: Any) -> bool:
+    """Requests whose batch result can drop them alone if their fetch fails: no per-token outputs
+    (input logprobs, hidden states, sampling masks) and no grammar state advanced by the result."""
+    return not (
+        getattr(req, "return_logprob", False)
+        or getattr(req, "return_hidden_states", False)
+        or getattr(req, "return_sampling_mask", False)
+        or getattr(req, "grammar", None) is not None
+    )
+
+
+def _failed(f: _Fetching) -> Any:
+    """The fetch's verdict for `_give_up` (a fetch that completed but was not seen READY counts as a
+    timeout: its pages are quarantined)."""
+    from basin_engine_ext.layer_wait import FetchOutcome
+
+    outcome = f.fetch.monitor.outcome if f.fetch.monitor is not None else None
+    if outcome is not None and not outcome.complete:
+        return outcome
+    return FetchOutcome(False, "timeout", 0, 0.0)
 
 
 def _send(sock: Any, frames: list[bytes]) -> None:
@@ -372,7 +522,7 @@ def _make_fetcher(scheduler: Any, config: Any) -> PrefillFetcher | None:
     fetcher = PrefillFetcher(
         tree, make_agent(name, layout, mem_type), name, layout, zmq_connect,
         unit_port=config.unit_port, tp_rank=tp_rank, timeout_s=config.fetch_timeout_s,
-        metrics=engine_metrics(),
+        metrics=engine_metrics(), overlap=config.layer_overlap,
     )  # fmt: skip
     logger.info("basin unit fetch on: agent %s, decode unit port %d", name, config.unit_port)
     return fetcher

@@ -18,11 +18,13 @@ def test_settings_are_read_from_the_environment() -> None:
             "BASIN_ENGINE_RECLAIM_HEADROOM": "0.1",
             "BASIN_ENGINE_UNIT_PORT": "7400",
             "BASIN_ENGINE_FETCH_TIMEOUT": "0.5",
+            "BASIN_ENGINE_LAYER_OVERLAP": "on",
             "PATH": "/usr/bin",
         }
     )
     assert (cfg.lending, cfg.lend_cap, cfg.adopt_headroom, cfg.reclaim_headroom) == (False, 0.7, 0.2, 0.1)
     assert cfg.unit_port == 7400 and cfg.fetch_timeout_s == 0.5 and cfg.bootstrap_priority and cfg.metrics
+    assert cfg.layer_overlap and not EngineExtConfig().layer_overlap  # off by default until run on a GPU
     assert EngineExtConfig.from_env({}) == EngineExtConfig()
 
 
