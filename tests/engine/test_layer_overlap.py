@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import threading
 import time
+from array import array
 from types import SimpleNamespace
 
 import pytest
 import torch
+from test_unit_fetch import Peer
 
 from basin_engine_ext import hooks, overlap
 from basin_engine_ext.layer_wait import READY, LayerGroupFlags
@@ -139,3 +141,132 @@ def test_a_batch_without_fetching_requests_launches_no_wait(overlap_hooks) -> No
     finally:
         overlap.unregister("fetching")
     assert overlap.active() == {}
+
+
+# ---------------------------------------------------------------------- admission and settlement
+@pytest.fixture(scope="module")
+def stalled():
+    decode = Peer("stall")
+    yield decode
+    decode.close()
+
+
+@pytest.fixture(scope="module")
+def serving():
+    decode = Peer("serve")
+    yield decode
+    decode.close()
+
+
+def overlap_prefill(decode, timeout_s: float):
+    from test_prefill_fetch import Prefill
+
+    prefill = Prefill(decode, timeout_s=timeout_s)
+    prefill.fetcher.overlap = True
+    return prefill
+
+
+def allocate_extend(prefill, req) -> torch.Tensor:
+    """What SGLang's `alloc_for_extend` does for an admitted request: a row holding its prefix (read with
+    `prefix_device_indices`, hooked) and new slots for the rest."""
+    kv = prefill.kv
+    prefix = kv.tree.prefix_device_indices(req)
+    n = len(req.origin_input_ids)
+    kv.req_to_token.alloc([req])
+    new = kv.allocator.alloc(-(-(n - len(prefix)) // PAGE) * PAGE)
+    row = torch.cat([prefix.to(torch.int64), new[: n - len(prefix)].to(torch.int64)])
+    kv.req_to_token.write((req.kv.req_pool_idx, slice(0, n)), row.to(torch.int32))
+    req.kv.kv_committed_len = req.kv.kv_allocated_len = n
+    return prefix
+
+
+def test_a_fetch_failing_mid_forward_sends_the_request_back_to_recompute(overlap_hooks, stalled) -> None:
+    from test_prefill_fetch import LOCAL, MARK, admission_pass, prefill_request
+    from unit_peer import PROMPT
+
+    prefill = overlap_prefill(stalled, timeout_s=1.0)
+    try:
+        prefill.previous_turn_sent(PROMPT)
+        nxt = prefill_request("turn-2", [*PROMPT, 1, 2, 3], MARK)
+        other = prefill_request("other", [5, 6, 7, 8, 9, 10, 11, 12, 13])
+        prefill.scheduler.waiting_queue = [nxt, other]
+        admitted = hooks.admit_with_unit_fetch(admission_pass, prefill.scheduler, None)
+        # admitted at once, with the unit's pages as prefix: only the three new tokens to compute
+        assert admitted == [nxt, other] and nxt.prefix_len == len(PROMPT) and nxt.extend_len == 3
+        assert nxt.kv.cache_protected_len == LOCAL  # the fetched pages are the request's, not the tree's
+        fetch = prefill.fetcher.fetching["turn-2"].fetch
+        fetched = fetch.dst_slots.clone()
+        prefix = allocate_extend(prefill, nxt)
+        allocate_extend(prefill, other)
+        assert torch.equal(prefix[:LOCAL], prefill.local) and torch.equal(prefix[LOCAL:], fetched)
+        assert set(overlap.active()) == {"turn-2"}
+        for layer in range(6):  # the forward: the stalled decode never writes; the monitor fails it
+            fetch.flags.wait_layer(layer)
+        processed = []
+        batch = SimpleNamespace(reqs=[nxt, other])
+        result = SimpleNamespace(next_token_ids=torch.tensor([101, 202]), copy_done=None)
+
+        def sglang_result_processing(scheduler, batch, result):
+            processed.append((list(batch.reqs), result.next_token_ids.tolist()))
+
+        hooks.settle_fetched_batch(sglang_result_processing, prefill.scheduler, batch, result)
+        assert processed == [([other], [202])]  # no token, checkpoint or send for the failed request
+        assert batch.reqs == [nxt, other] and overlap.active() == {}
+        assert prefill.scheduler.waiting_queue[0] is nxt and not nxt.kv.holds_kv
+        assert prefill.fetcher.outcomes[-1] == ("turn-2", "timeout", 0)
+        # the fetched pages never became reusable prefix: the tree still matches the local part only
+        probe = prefill_request("probe", [*PROMPT, 9], MARK)
+        probe.init_next_round_input(prefill.kv.tree)
+        assert probe.prefix_len == LOCAL
+        # ...and stay out of the free list for the grace period, then go back
+        assert prefill.fetcher.inflight_tokens() == len(PROMPT) - LOCAL
+        free = (
+            set(prefill.kv.allocator.free_pages.tolist())
+            if hasattr(prefill.kv.allocator, "free_pages")
+            else set()
+        )
+        assert not free & {int(s) // PAGE for s in fetched}
+        # recomputed from the local match in the next pass, without a second fetch
+        prefill.scheduler.waiting_queue = [nxt]
+        assert hooks.admit_with_unit_fetch(admission_pass, prefill.scheduler, None) == [nxt]
+        assert nxt.prefix_len == LOCAL and nxt.extend_len == len(PROMPT) + 3 - LOCAL
+        assert prefill.fetcher.fetching == {}
+    finally:
+        prefill.close()
+
+
+def test_a_completed_fetch_leaves_its_pages_to_sglangs_own_release(overlap_hooks, serving) -> None:
+    """The request ran with the fetched pages; after its batch SGLang's release (with checkpoint) puts
+    the whole prompt in the tree with exactly those pages."""
+    from sglang.srt.managers.schedule_batch import FINISH_LENGTH
+    from sglang.srt.mem_cache.common import release_kv_cache
+    from test_prefill_fetch import MARK, admission_pass, prefill_request
+    from unit_peer import PROMPT
+
+    prefill = overlap_prefill(serving, timeout_s=20)
+    try:
+        prefill.previous_turn_sent(PROMPT)
+        nxt = prefill_request("turn-2", [*PROMPT, 1, 2, 3], MARK)
+        prefill.scheduler.waiting_queue = [nxt]
+        assert hooks.admit_with_unit_fetch(admission_pass, prefill.scheduler, None) == [nxt]
+        fetch = prefill.fetcher.fetching["turn-2"].fetch
+        prefix = allocate_extend(prefill, nxt)
+        for layer in range(6):
+            fetch.flags.wait_layer(layer)
+        processed = []
+        hooks.settle_fetched_batch(
+            lambda s, b, r: processed.append(list(b.reqs)), prefill.scheduler,
+            SimpleNamespace(reqs=[nxt]), SimpleNamespace(next_token_ids=torch.tensor([7]), copy_done=None),
+        )  # fmt: skip
+        assert processed == [[nxt]] and prefill.fetcher.outcomes[-1] == ("turn-2", "complete", 36)
+        assert prefill.fetcher.inflight_tokens() == 0
+        nxt.output_ids = array("q", [7])
+        nxt.finished_reason = FINISH_LENGTH(1)
+        release_kv_cache(nxt, prefill.kv.tree, checkpoint=True)
+        probe = prefill_request("probe", [*PROMPT, 9], MARK)
+        probe.init_next_round_input(prefill.kv.tree)
+        assert probe.prefix_len == len(PROMPT)
+        assert torch.equal(prefill.kv.tree.prefix_device_indices(probe), prefix.to(torch.int64))
+        assert prefill.conserved()
+    finally:
+        prefill.close()
