@@ -125,8 +125,10 @@ class PrefillFetcher:
         late_write_grace_s: float = LATE_WRITE_GRACE_S,
         clock: Callable[[], float] = time.monotonic,
         overlap: bool = False,
+        flags_device: str = "cpu",
     ):
         self.overlap = overlap
+        self.flags_device = flags_device  # where the wait kernel reads the flags: the model's device
         self.tree_cache = tree_cache
         self.allocator = tree_cache.token_to_kv_pool_allocator
         self.agent, self.agent_name, self.layout = agent, agent_name, layout
@@ -240,7 +242,7 @@ class PrefillFetcher:
             send=lambda request: _send(sock, encode_fetch(request)),
             peer_alive=lambda: True,  # a lost decode is noticed by the timeout
             timeout_s=self.timeout_s, layers_per_group=self.layers_per_group,
-            metrics=self.metrics, device="cpu", router=self.router,
+            metrics=self.metrics, device=self.flags_device, router=self.router,
         )  # fmt: skip
         fetch_id = f"{req.rid}-{next(self._ids)}"
         if not fetch.start(fetch_id, session, prompt[:end], start, end):
@@ -523,6 +525,7 @@ def _make_fetcher(scheduler: Any, config: Any) -> PrefillFetcher | None:
         tree, make_agent(name, layout, mem_type), name, layout, zmq_connect,
         unit_port=config.unit_port, tp_rank=tp_rank, timeout_s=config.fetch_timeout_s,
         metrics=engine_metrics(), overlap=config.layer_overlap,
+        flags_device=str(pool.device) if config.layer_overlap else "cpu",
     )  # fmt: skip
     logger.info("basin unit fetch on: agent %s, decode unit port %d", name, config.unit_port)
     return fetcher
