@@ -14,6 +14,12 @@ Targets (dotted paths resolved by SGLang's HookRegistry, which also rebinds `fro
   them as a leak;
 - `PagedTokenToKVPoolAllocator.clear`, `TokenToKVPoolAllocator.clear` (AFTER): a cache flush returns
   every page, units included, so the lender forgets its units rather than free them twice later;
+- hybrid (Mamba / gated-delta) decode pools only: `ScheduleBatchDisaggregationDecodeMixin.process_prebuilt`
+  (BEFORE) copies a marked request's recurrent state, still the prompt-end state the transfer delivered,
+  into a Mamba slot kept for its unit before the first decode step overwrites it;
+  `mem_cache.allocation.ensure_mamba_capacity` (AROUND) frees units' state slots (then pending copies)
+  before SGLang's prealloc gives up on Mamba room; `SchedulerInvariantChecker._check_mamba_pool`
+  (AROUND) counts those slots in SGLang's Mamba-pool conservation check;
 - `PrefillBootstrapQueue.pop_bootstrapped` (AROUND): order the bootstrap queue by request priority;
 - `Scheduler.get_new_batch_prefill` (AROUND, PD prefill only, with `BASIN_ENGINE_UNIT_PORT`): before
   SGLang's admission pass, start unit fetches for waiting requests of indexed sessions and hold those
@@ -54,6 +60,11 @@ TARGETS = {
     "SchedulerInvariantChecker._check_full_pool",
     "clear_paged": "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.clear",
     "clear_token": "sglang.srt.mem_cache.allocator.token.TokenToKVPoolAllocator.clear",
+    "state_copy": "sglang.srt.disaggregation.decode_schedule_batch_mixin."
+    "ScheduleBatchDisaggregationDecodeMixin.process_prebuilt",
+    "state_room": "sglang.srt.mem_cache.allocation.ensure_mamba_capacity",
+    "state_memcheck": "sglang.srt.managers.scheduler_components.invariant_checker."
+    "SchedulerInvariantChecker._check_mamba_pool",
     "fetch": "sglang.srt.managers.scheduler.Scheduler.get_new_batch_prefill",
     "record": "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin."
     "process_disagg_prefill_inflight_queue",
@@ -116,6 +127,9 @@ def register_hooks() -> None:
         HookRegistry.register(TARGETS["memcheck"], count_lent_in_memory_check, HookType.AROUND)
         HookRegistry.register(TARGETS["clear_paged"], forget_units_on_clear, HookType.AFTER)
         HookRegistry.register(TARGETS["clear_token"], forget_units_on_clear, HookType.AFTER)
+        HookRegistry.register(TARGETS["state_copy"], copy_prompt_state_before_decode, HookType.BEFORE)
+        HookRegistry.register(TARGETS["state_room"], ensure_mamba_room_reclaiming_units, HookType.AROUND)
+        HookRegistry.register(TARGETS["state_memcheck"], count_lent_states_in_memory_check, HookType.AROUND)
         if cfg.unit_port:
             HookRegistry.register(TARGETS["fetch"], admit_with_unit_fetch, HookType.AROUND)
             HookRegistry.register(TARGETS["record"], record_sent_units, HookType.AROUND)
@@ -134,32 +148,53 @@ def lender_for(allocator: Any) -> DecodeLender | None:
     return getattr(allocator, LENDER_ATTR, None)
 
 
-def make_lender(allocator: Any, config: EngineExtConfig | None = None) -> DecodeLender:
-    """Attach a lender to a real SGLang allocator (its `size` is decode capacity C)."""
+def make_lender(
+    allocator: Any, config: EngineExtConfig | None = None, state_pool: Any = None
+) -> DecodeLender:
+    """Attach a lender to a real SGLang allocator (its `size` is decode capacity C); on a hybrid model
+    `state_pool` is SGLang's HybridReqToTokenPool, whose Mamba slots (S of them) units also hold."""
     cfg = config or _State.config
     store: UnitStore = UnitStore(
         capacity=int(allocator.size),
         lend_cap=cfg.lend_cap,
         adopt_headroom=cfg.adopt_headroom,
         reclaim_headroom=cfg.reclaim_headroom,
+        state_capacity=int(state_pool.mamba_allocator.size) if state_pool is not None else 0,
     )
-    lender = DecodeLender(allocator, store, engine_metrics())
+    lender = DecodeLender(allocator, store, engine_metrics(), state_pool=state_pool)
     setattr(allocator, LENDER_ATTR, lender)
+    if state_pool is not None:
+        setattr(state_pool, LENDER_ATTR, lender)
     return lender
 
 
 def attach_lender(result: Any, queue: Any, *args: Any, **kwargs: Any) -> None:
     allocator = queue.token_to_kv_pool_allocator
-    if not lendable(allocator):
-        # Hybrid pools (SWA, Mamba, linear attention) keep state a unit would need too; not wired yet.
+    req_pool = getattr(queue, "req_to_token_pool", None)
+    kind = lending_kind(allocator, req_pool)
+    if kind is None:
+        # MLA, sliding-window and unified (byte-shared) pools: a unit would need state not wired here.
         logger.warning(
-            "basin lending disabled: %s over %s is not a full-attention MHA pool",
+            "basin lending disabled: %s over %s (request pool %s) is neither a full-attention MHA pool "
+            "nor an MHA + Mamba hybrid pool",
             type(allocator).__name__,
             type(allocator.get_kvcache()).__name__,
+            type(req_pool).__name__,
         )
         return
-    lender = make_lender(allocator)
+    lender = make_lender(allocator, state_pool=req_pool if kind == "hybrid" else None)
     lender.queued_demand = lambda: queued_demand(queue)
+    if kind == "hybrid":
+        lender.queued_state_demand = lambda: queued_state_demand(queue)
+        if _State.config.unit_port:
+            logger.warning("basin unit service off: fetching hybrid units (KV plus state) is not wired")
+        logger.info(
+            "basin lending on (hybrid): capacity %d tokens, %d state slots, cap %.2f",
+            allocator.size,
+            lender.store.state_capacity,
+            _State.config.lend_cap,
+        )
+        return
     if _State.config.unit_port:
         start_unit_service(lender, allocator, _State.config.unit_port + int(_sglang_labels()["tp_rank"] or 0))
     logger.info("basin lending on: capacity %d tokens, cap %.2f", allocator.size, _State.config.lend_cap)
@@ -194,14 +229,97 @@ def start_unit_service(lender: DecodeLender, allocator: Any, port: int) -> Any:
 def lendable(allocator: Any) -> bool:
     """Lending needs SGLang's shared eviction path (hooked here) and a plain MHA pool (one K and one V
     buffer per layer, what a unit holds and a fetch copies)."""
-    from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator
-    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+    return lending_kind(allocator, None) == "mha"
 
-    pool = allocator.get_kvcache()
-    return (
-        type(allocator).evict_to_free_tokens is BaseTokenToKVPoolAllocator.evict_to_free_tokens
-        and type(pool) is MHATokenToKVPool
+
+def lending_kind(allocator: Any, req_pool: Any) -> str | None:
+    """ "mha" for a plain MHA pool; "hybrid" for SGLang's Mamba hybrid (`HybridLinearKVPool` whose
+    full-attention layers are MHA, with a `HybridReqToTokenPool` over a plain `MambaPool` and its slot
+    allocator); None for anything else (MLA, DSA, sliding window, the unified byte-shared pools)."""
+    from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator
+    from sglang.srt.mem_cache.allocator.mamba import MambaSlotAllocator
+    from sglang.srt.mem_cache.memory_pool import (
+        HybridLinearKVPool,
+        HybridReqToTokenPool,
+        MambaPool,
+        MHATokenToKVPool,
     )
+
+    if type(allocator).evict_to_free_tokens is not BaseTokenToKVPoolAllocator.evict_to_free_tokens:
+        return None
+    pool = allocator.get_kvcache()
+    if type(pool) is MHATokenToKVPool:
+        return "mha"
+    if (
+        type(pool) is not HybridLinearKVPool
+        or type(getattr(pool, "full_kv_pool", None)) is not MHATokenToKVPool
+    ):
+        return None
+    from sglang.srt.disaggregation.decode import HybridMambaDecodeReqToTokenPool
+
+    if (
+        type(req_pool) in (HybridReqToTokenPool, HybridMambaDecodeReqToTokenPool)
+        and type(req_pool.mamba_pool) is MambaPool
+        and type(req_pool.mamba_allocator) is MambaSlotAllocator
+        and req_pool.mamba_pool is pool.mamba_pool
+    ):
+        return "hybrid"
+    return None
+
+
+def queued_state_demand(queue: Any) -> int:
+    """Mamba slots the requests waiting in SGLang's prealloc and retracted queues will take (as
+    `ensure_mamba_capacity` counts them)."""
+    pool = queue.req_to_token_pool
+    reqs = [dr.req for dr in queue.queue] + list(queue.retracted_queue)
+    tracking = int(getattr(pool, "mamba_initial_tracking_slots", 0))
+    return sum(
+        (0 if r.kv.holds_mamba else 1) + (tracking if r.kv.mamba_ping_pong_track_buffer is None else 0)
+        for r in reqs
+    )
+
+
+def copy_prompt_state_before_decode(batch: Any, *args: Any, **kwargs: Any) -> None:
+    """Before SGLang seeds the first decode step of freshly transferred requests: a marked request's
+    Mamba slot still holds the prompt-end state prefill sent; keep a copy for its unit."""
+    lender = lender_for(batch.token_to_kv_pool_allocator)
+    if lender is None or lender.state_pool is None or tree_caches_requests(batch.tree_cache):
+        return None
+    for req in batch.reqs:
+        if (
+            lend_mark(req) is None
+            or not req.kv.holds_mamba
+            or len(req.output_ids) != 1  # only prefill's token: the state has seen the prompt alone
+            or getattr(req, "retracted_stain", False)
+        ):
+            continue
+        lender.copy_prompt_state(req.rid, req.kv.mamba_pool_idx)
+    return None
+
+
+def ensure_mamba_room_reclaiming_units(
+    original: Any, req_to_token_pool: Any, reqs: Any, tree_cache: Any
+) -> bool:
+    """SGLang's Mamba-room check (after its own tree eviction); when still short, free lent units'
+    state slots, then prompt-end copies of running requests, before the caller gives up."""
+    ok = original(req_to_token_pool, reqs, tree_cache)
+    lender = getattr(req_to_token_pool, LENDER_ATTR, None)
+    if ok or lender is None:
+        return ok
+    return lender.ensure_states(lambda: original(req_to_token_pool, reqs, tree_cache))
+
+
+def count_lent_states_in_memory_check(original: Any, checker: Any, ps: Any, *args: Any, **kwargs: Any) -> Any:
+    """SGLang's Mamba pool check: available + evictable + protected + session-held == size; slots held
+    by units and prompt-end copies are none of those, so they are added to `available` here."""
+    import dataclasses
+
+    lender = getattr(checker.req_to_token_pool, LENDER_ATTR, None)
+    if lender is not None:
+        held = lender.store.lent_states + len(lender.state_copies)
+        if held:
+            ps = dataclasses.replace(ps, mamba_available_size=ps.mamba_available_size + held)
+    return original(checker, ps, *args, **kwargs)
 
 
 def rebalance_before_prealloc(queue: Any, *args: Any, **kwargs: Any) -> None:
@@ -422,21 +540,35 @@ def lend_mark(req: Any) -> str | None:
 
 
 def adopt_before_release(req: Any, tree_cache: Any, *args: Any, **kwargs: Any) -> None:
-    """Keep a finished marked prompt's pages as the session's unit (the release then skips them)."""
+    """Keep a finished marked prompt's pages (and, on a hybrid model, its prompt-end state copy) as the
+    session's unit (the release then skips the pages)."""
     lender = lender_for(tree_cache.token_to_kv_pool_allocator)
-    if lender is None or not req.kv.holds_kv or not req.finished():
+    if lender is None:
+        return None
+    state = lender.take_state_copy(req.rid) if lender.state_pool is not None else None
+    if not req.kv.holds_kv or not req.finished():
+        lender.free_state(state)  # retracted or never allocated: the copy goes with the release
         return None
     session = lend_mark(req)
     if session is None or tree_caches_requests(tree_cache) or req.kv.cache_protected_len > 0:
         # Unmarked; or a decode radix tree takes the request's KV on release (a unit over the same
         # pages would give them two owners, and the tree would evict and reuse what the unit lends);
         # or part of the prompt is not the request's to lend.
+        lender.free_state(state)
         return None
     prompt = list(req.origin_input_ids)
     row = tree_cache.req_to_token_pool.req_to_token[req.kv.req_pool_idx, : len(prompt)]
     page = lender.page_size
     releasing = -(-int(req.kv.kv_allocated_len) // page) * page  # the request's whole pages
-    kept = lender.adopt(session, len(prompt), prompt, row.to(dtype=_int64()), releasing=releasing)
+    kept = lender.adopt(
+        session,
+        len(prompt),
+        prompt,
+        row.to(dtype=_int64()),
+        releasing=releasing,
+        state=state,
+        releasing_states=1 if req.kv.holds_mamba else 0,
+    )
     if kept:
         # SGLang's release frees [cache_protected_len, owned); the unit now owns [0, kept).
         req.kv.cache_protected_len = kept

@@ -9,6 +9,9 @@ Pure bookkeeping in tokens; the SGLang binding (`lending.py`) owns the pages beh
   one adoption never triggers its own reclaim), and frees units prefill also holds first, then the
   least recently used;
 - a decode allocation that falls short reclaims units before SGLang retracts a running request.
+On hybrid (linear-attention) models a unit also holds one recurrent-state slot; those slots come from
+a second, separately sized pool, so they have their own cap (φ of the state slots) and headroom rules,
+applied the same way beside the token rules.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ class Unit(Generic[P]):
     pages: P
     prefill_holds: bool = False  # prefill reported it still caches this prefix
     pinned: int = 0  # fetches reading the pages now: such a unit is neither reclaimed nor replaced
+    state: object = None  # hybrid models: the state slot holding the prompt-end recurrent state
+    states: int = 0  # state slots the unit holds (0 or 1)
 
 
 @dataclass
@@ -48,8 +53,10 @@ class UnitStore(Generic[P]):
     lend_cap: float = 0.5  # φ
     adopt_headroom: float = 0.10
     reclaim_headroom: float = 0.05
+    state_capacity: int = 0  # S: recurrent-state slots (hybrid models; 0: units hold no state)
     _units: OrderedDict[str, Unit[P]] = field(default_factory=OrderedDict)
     lent: int = 0
+    lent_states: int = 0
 
     def __post_init__(self) -> None:
         if self.capacity <= 0:
@@ -75,15 +82,28 @@ class UnitStore(Generic[P]):
         """Free tokens above decode demand (running plus queued) and lent units."""
         return self.capacity - demand - self.lent
 
+    def state_headroom(self, state_demand: int) -> int:
+        """Free state slots above what running and queued requests hold or need, and lent units."""
+        return self.state_capacity - state_demand - self.lent_states
+
     # ------------------------------------------------------------------ adopt
     def adopt(
-        self, session: str, turn: int, token_ids: Iterable[int], tokens: int, pages: P, demand: int
+        self,
+        session: str,
+        turn: int,
+        token_ids: Iterable[int],
+        tokens: int,
+        pages: P,
+        demand: int,
+        state: object = None,
+        state_demand: int = 0,
     ) -> Decision:
         """Keep a finished call's prompt as the session's unit if the cap and the headroom allow.
 
         `demand` is decode's running and queued need, not counting these pages. A newer turn first
         drops the session's older unit (its pages come back in `Decision.replaced`, to free); an older
-        or equal turn than the one held is refused.
+        or equal turn than the one held is refused. With a `state` slot (hybrid models) the state cap
+        and headroom must hold too; `state_demand` counts state slots requests hold or need, not this one.
         """
         old = self._units.get(session)
         if old is not None and old.turn >= turn:
@@ -99,8 +119,17 @@ class UnitStore(Generic[P]):
             return Decision(False, "lend cap", replaced)
         if self.headroom(demand) - tokens < self.adopt_headroom * self.capacity:
             return Decision(False, "headroom", replaced)
-        self._units[session] = Unit(session, turn, tokens, tuple(token_ids), pages)
+        states = 0 if state is None else 1
+        if states:
+            if self.lent_states + states > self.lend_cap * self.state_capacity:
+                return Decision(False, "lend cap", replaced)
+            if self.state_headroom(state_demand) - states < self.adopt_headroom * self.state_capacity:
+                return Decision(False, "headroom", replaced)
+        self._units[session] = Unit(
+            session, turn, tokens, tuple(token_ids), pages, state=state, states=states
+        )
         self.lent += tokens
+        self.lent_states += states
         return Decision(True, "adopted", replaced)
 
     # ------------------------------------------------------------------ use
@@ -136,6 +165,7 @@ class UnitStore(Generic[P]):
         """The pages behind every unit were returned wholesale (SGLang cleared its allocator)."""
         self._units.clear()
         self.lent = 0
+        self.lent_states = 0
 
     # ------------------------------------------------------------------ reclaim
     def reclaim_order(self) -> list[Unit[P]]:
@@ -144,27 +174,35 @@ class UnitStore(Generic[P]):
         units = [u for u in self._units.values() if not u.pinned]
         return [u for u in units if u.prefill_holds] + [u for u in units if not u.prefill_holds]
 
-    def reclaim(self, tokens: int) -> list[Unit[P]]:
-        """Remove units in reclaim order until at least `tokens` are freed (or none is left)."""
+    def reclaim(self, tokens: int, states: int = 0) -> list[Unit[P]]:
+        """Remove units in reclaim order until at least `tokens` and `states` state slots are freed (or
+        none is left); for state slots only units holding one are taken."""
         freed: list[Unit[P]] = []
-        total = 0
+        total = total_states = 0
         for unit in self.reclaim_order():
-            if total >= tokens:
-                break
+            need_tokens, need_states = total < tokens, total_states < states
+            if not need_tokens and not (need_states and unit.states):
+                if not need_states:
+                    break
+                continue
             freed.append(self._remove(unit.session))
             total += unit.tokens
+            total_states += unit.states
         return freed
 
-    def rebalance(self, demand: int) -> list[Unit[P]]:
-        """Reclaim what the lower margin asks for: enough that free room above demand is back at
-        `reclaim_headroom`·C. Nothing while the margin holds."""
-        floor = self.reclaim_headroom * self.capacity
-        short = floor - self.headroom(demand)
-        if short <= 0:
+    def rebalance(self, demand: int, state_demand: int = 0) -> list[Unit[P]]:
+        """Reclaim what the lower margins ask for: enough that free room above demand is back at
+        `reclaim_headroom`·C (and, for state slots, at `reclaim_headroom`·S). Nothing while they hold."""
+        short = self.reclaim_headroom * self.capacity - self.headroom(demand)
+        short_states = 0.0
+        if self.lent_states:
+            short_states = self.reclaim_headroom * self.state_capacity - self.state_headroom(state_demand)
+        if short <= 0 and short_states <= 0:
             return []
-        return self.reclaim(math.ceil(short))
+        return self.reclaim(max(0, math.ceil(short)), max(0, math.ceil(short_states)))
 
     def _remove(self, session: str) -> Unit[P]:
         unit = self._units.pop(session)
         self.lent -= unit.tokens
+        self.lent_states -= unit.states
         return unit

@@ -102,3 +102,116 @@ class DecodeKV:
 @pytest.fixture
 def decode_kv() -> DecodeKV:
     return DecodeKV()
+
+
+class HybridDecodeKV(DecodeKV):
+    """A hybrid (Mamba / gated-delta) decode instance as SGLang's configurator builds it for PD decode:
+    `HybridMambaDecodeReqToTokenPool` (request rows plus a `MambaPool` and its slot allocator), a
+    `HybridLinearKVPool` over the same Mamba pool whose full-attention layers are an MHA pool, the paged
+    allocator over that, and the disabled `UnifiedRadixCache` with the FULL and MAMBA components."""
+
+    def __init__(self, tokens: int = 256, page: int = PAGE, requests: int = 6) -> None:
+        import torch
+        from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
+        from sglang.srt.disaggregation.decode import HybridMambaDecodeReqToTokenPool
+        from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+        from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool
+        from sglang.srt.mem_cache.unified_cache.components import ComponentType
+        from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+        from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+        args = ServerArgs(model_path="dummy", page_size=page)
+        # SGLang derives the Mamba caching granularity from the model's config (there is none here) and
+        # caches it on the arguments: set FLA's chunk size, the default for gated-delta models.
+        args._mamba_cache_chunk_size = 64
+        set_global_server_args_for_scheduler(args)
+        self.page = page
+        linear_layers, full_layers = [0, 1, 3], [2]  # three gated-delta layers of four
+        shape = Mamba2StateShape.create(
+            tp_world_size=1, intermediate_size=16, n_groups=1, num_heads=2, head_dim=8, state_size=4,
+            conv_kernel=4,
+        )  # fmt: skip
+        self.req_to_token = HybridMambaDecodeReqToTokenPool(
+            size=requests, max_context_len=512, device="cpu", enable_memory_saver=False,
+            cache_params=Mamba2CacheParams(shape=shape, layers=linear_layers), mamba_layer_ids=linear_layers,
+            speculative_num_draft_tokens=None, enable_mamba_extra_buffer=False, pre_alloc_size=0,
+            enable_overlap_schedule=False,
+        )  # fmt: skip
+        self.mamba = self.req_to_token.mamba_pool
+        self.pool = HybridLinearKVPool(
+            size=tokens, dtype=torch.float16, page_size=page, head_num=2, head_dim=8,
+            full_attention_layer_ids=full_layers, device="cpu", mamba_pool=self.mamba,
+        )  # fmt: skip
+        self.allocator = PagedTokenToKVPoolAllocator(
+            size=tokens, page_size=page, dtype=torch.float16, device="cpu", kvcache=self.pool, need_sort=False
+        )
+        self.tree = UnifiedRadixCache(
+            CacheInitParams(
+                disable=True, req_to_token_pool=self.req_to_token, token_to_kv_pool_allocator=self.allocator,
+                page_size=page, tree_components=(ComponentType.FULL, ComponentType.MAMBA),
+            )
+        )  # fmt: skip
+
+    def state(self, slot) -> list:
+        """The bytes of one Mamba slot (every conv and temporal tensor, every layer), cloned."""
+        cache = self.mamba.mamba_cache
+        idx = int(slot)
+        return [c[:, idx].clone() for c in cache.conv] + [cache.temporal[:, idx].clone()]
+
+    def write_state(self, slot, seed: int) -> None:
+        """What a transfer (or a decode step) writes into a request's Mamba slot."""
+        import torch
+
+        gen = torch.Generator().manual_seed(seed)
+        cache = self.mamba.mamba_cache
+        idx = int(slot)
+        for c in cache.conv:
+            c[:, idx] = torch.randn(c[:, idx].shape, generator=gen).to(c.dtype)
+        t = cache.temporal
+        t[:, idx] = torch.randn(t[:, idx].shape, generator=gen).to(t.dtype)
+
+    def transferred_request(self, rid: str, prompt: list[int], custom_params: dict | None = None):
+        """A decode request whose prompt KV and prompt-end state prefill has delivered: row, KV slots and
+        a Mamba slot allocated by SGLang's pools, prefill's first token in `output_ids`."""
+        from sglang.srt.managers.schedule_batch import Req
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        req = Req(
+            rid=rid, origin_input_text="", origin_input_ids=list(prompt),
+            sampling_params=SamplingParams(max_new_tokens=8, custom_params=custom_params),
+        )  # fmt: skip
+        self.req_to_token.alloc([req])
+        n = len(prompt)
+        slots = self.allocator.alloc(-(-(n + 8) // self.page) * self.page)
+        assert slots is not None, "test KV pool too small"
+        self.req_to_token.write((req.kv.req_pool_idx, slice(0, int(slots.numel()))), slots)
+        req.kv.kv_committed_len = n
+        req.kv.kv_allocated_len = int(slots.numel())
+        req.output_ids = [7]  # prefill's token
+        self.write_state(req.kv.mamba_pool_idx, seed=len(prompt))
+        return req
+
+    def decode_step(self, req, seed: int) -> None:
+        """One decode step: a token appended, the request's recurrent state rewritten in place."""
+        req.kv.kv_committed_len += 1
+        req.output_ids.append(100 + seed)
+        self.write_state(req.kv.mamba_pool_idx, seed=10_000 + seed)
+
+    def finish(self, req) -> None:
+        import torch
+        from sglang.srt.managers.schedule_batch import FINISH_LENGTH
+
+        # SGLang's decode allocates as it goes: pages past the last written token were never taken.
+        committed = req.kv.kv_committed_len
+        keep = -(-committed // self.page) * self.page
+        row = self.req_to_token.req_to_token[req.kv.req_pool_idx]
+        if req.kv.kv_allocated_len > keep:
+            self.allocator.free(row[keep : req.kv.kv_allocated_len].to(torch.int64))
+        req.kv.kv_allocated_len = committed
+        req.finished_reason = FINISH_LENGTH(len(req.output_ids))
+
+
+@pytest.fixture
+def hybrid_kv() -> HybridDecodeKV:
+    return HybridDecodeKV()
