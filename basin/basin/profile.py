@@ -157,7 +157,7 @@ def profile_simulated(
     require_cliff: bool = True,
 ) -> Profile:
     """κ and λc of a deployment from `ramps` simulated ramps (seeds seed, seed+1, ...). The ramp spans
-    0.4x to 1.6x the fluid model's departure peak, so it crosses the cliff where there is one; with
+    0.4x to 2x the fluid model's departure peak, so it crosses the cliff where there is one; with
     `require_cliff=False` a ramp that stays on the plateau (a decode-first deployment) gives κ = 1."""
     from basin.fluid import FluidModel, FluidParameters, analyze
     from basin.sim import get_deployment
@@ -169,7 +169,7 @@ def profile_simulated(
     pool = load_workload(workload, seed=seed, tool_time_scale=tool_time_scale)
     model = FluidModel(FluidParameters.from_workload(deployment, pool))
     peak = analyze(model, 0.0).d_peak_per_min
-    rates = list(np.linspace(0.4 * peak, 1.6 * peak, steps))
+    rates = list(np.linspace(0.4 * peak, 2.0 * peak, steps))
     kappas, lambda_cs, all_samples = [], [], []
     for ramp in range(ramps):
         samples = simulate_ramp(

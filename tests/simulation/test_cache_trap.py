@@ -14,7 +14,7 @@ from basin.policy import make_policy
 from basin.sim import Simulation, SimulationConfig, get_deployment
 from basin.workload import RateSchedule, load_workload
 
-SEED = 8  # a seed where the +100 % surge traps; see docs/simulator.md for the other seeds
+SEED = 3  # a seed where the +100 % surge traps; see docs/simulator.md for the other seeds
 
 
 @cache
@@ -39,9 +39,9 @@ def test_base_load_is_healthy_with_about_forty_sessions() -> None:
     summary = run(1.0)
     assert summary.label == "healthy"
     assert summary.median_ttft_late_s < 1.0
-    # The paper measures 0.95; our calibration holds ~0.84-0.90 at this load (docs/simulator.md).
-    assert summary.hit_rate_pre >= 0.8
-    assert summary.hit_rate_late >= 0.8
+    # The paper measures 0.95 (the structural ceiling is 0.956, docs/simulator.md).
+    assert summary.hit_rate_pre >= 0.9
+    assert summary.hit_rate_late >= 0.9
     active = np.mean([w.active_sessions for w in summary.windows_20min])
     assert 30 <= active <= 55
 

@@ -62,3 +62,16 @@ def test_task_text_carries_real_but_imperfect_signal(name: str) -> None:
     small = {w for s in ordered[: len(ordered) // 4] for w in s.task.split()}
     large = {w for s in ordered[-len(ordered) // 4 :] for w in s.task.split()}
     assert len(small & large) >= 10
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_tool_gaps_follow_their_mixture(name: str) -> None:
+    """Each kind of tool run keeps its share of gaps: the calibration of reuse rests on the rare long ones."""
+    kinds = PROFILES[name].tool_gaps
+    assert sum(kind.share for kind in kinds) == pytest.approx(1.0)
+    assert [kind.median_s for kind in kinds] == sorted(kind.median_s for kind in kinds)
+    gaps = np.array([c.tool_gap_s for s in generate(name, seed=4) for c in s.calls[:-1]])
+    slowest = kinds[-1]
+    # Gaps above the slowest kind's 1st percentile are almost all of that kind.
+    threshold = slowest.median_s * np.exp(-2.33 * slowest.sigma)
+    assert np.mean(gaps >= threshold) == pytest.approx(slowest.share, rel=0.25)
