@@ -272,7 +272,8 @@ def workload_export(
     "--policy",
     default="hicache",
     show_default=True,
-    help="Session policy: hicache (SGLang alone), basin, or basin-arrival (the prototype).",
+    help="Session policy: hicache (SGLang alone), continuum, thunderagent, concur, crossflow, composition, "
+    "basin, or basin-arrival (the prototype).",
 )
 @click.option(
     "--prediction",

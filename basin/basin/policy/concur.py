@@ -49,6 +49,10 @@ class Concur(Policy):
         self.waiting.pop(session_id, None)
         self.arrival.pop(session_id, None)
 
+    def _arrival_order(self, sid: str) -> tuple[float, str]:
+        """Arrival time, ties broken by id: sets iterate in a per-process hash order."""
+        return self.arrival[sid], sid
+
     def on_control(self, now: float, telemetry: Telemetry) -> ControlActions:
         occupancy = (
             telemetry.decode_kv_used_tokens / telemetry.decode_kv_capacity_tokens
@@ -73,11 +77,11 @@ class Concur(Policy):
         limit = self.window
         if len(self.active) > limit:
             excess = len(self.active) - int(limit)
-            for sid in sorted(self.active, key=self.arrival.__getitem__, reverse=True)[:excess]:
+            for sid in sorted(self.active, key=self._arrival_order, reverse=True)[:excess]:
                 self.active.discard(sid)
                 self.paused.add(sid)
                 actions.pause.append(sid)
-        for sid in sorted(self.paused, key=self.arrival.__getitem__):
+        for sid in sorted(self.paused, key=self._arrival_order):
             if len(self.active) >= limit:
                 break
             self.paused.discard(sid)

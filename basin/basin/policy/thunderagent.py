@@ -75,6 +75,9 @@ class ThunderAgent(Policy):
         self.reasoning.discard(session_id)
         self.acting.discard(session_id)
 
+    def _size_order(self, sid: str) -> tuple[float, str]:
+        return self.context[sid], sid
+
     def on_control(self, now: float, telemetry: Telemetry) -> ControlActions:
         actions = ControlActions()
         used = self._used()
@@ -94,9 +97,8 @@ class ThunderAgent(Policy):
                 self.acting.add(sid)
                 actions.admit.append(sid)
                 used += need
-        victims = sorted(self.acting, key=self.context.__getitem__) + sorted(
-            self.reasoning, key=self.context.__getitem__
-        )
+        # Smallest first, ties by id (sets iterate in a per-process hash order).
+        victims = sorted(self.acting, key=self._size_order) + sorted(self.reasoning, key=self._size_order)
         for sid in victims:
             if used <= self.capacity:
                 break
