@@ -140,8 +140,9 @@ def test_lending_engages_with_demand_and_spare_decode_memory() -> None:
     assert not policy.lend  # requests wait for decode memory: no spare memory to lend
 
 
-def test_budget_rises_on_the_plateau_and_falls_when_reuse_deteriorates() -> None:
-    policy = controller({f"s{i}": 30_000 for i in range(8)}, budget_step=0.1)
+def _parked_controller(**config: float) -> Basin:
+    """Admission engaged with one session parked behind six residents reserving 30K each (B0 = 100K)."""
+    policy = controller({f"s{i}": 30_000 for i in range(8)}, budget_step=0.1, **config)
     policy.on_control(0.0, telemetry(0.0, hit_rate=0.9))  # healthy plateau observed
     for i in range(6):
         arrive(policy, f"s{i}", 1.0)
@@ -150,17 +151,37 @@ def test_budget_rises_on_the_plateau_and_falls_when_reuse_deteriorates() -> None
     assert arrive(policy, "s6", 3.0) is Admission.PARK
     policy.on_control(5.0, telemetry(5.0, hit_rate=0.9))
     assert policy.admit and len(policy.parked) == 1
+    return policy
+
+
+def test_budget_rises_on_the_plateau_to_its_ceiling_and_falls_when_lost_reuse_builds_a_backlog() -> None:
+    policy = _parked_controller(budget_range=(0.5, 2.0))  # s6 needs 210K: above the ceiling
     start = policy.budget
     policy.on_control(10.0, telemetry(10.0, hit_rate=0.9))
     assert policy.budget == pytest.approx(start + 10_000)
     for t in range(15, 200, 5):
         policy.on_control(float(t), telemetry(float(t), hit_rate=0.9))
-    assert policy.budget <= 2.0 * policy.b0
-    high = policy.budget
+    assert policy.budget == pytest.approx(2.0 * policy.b0)
+    backlog = dict(hit_rate=0.5, prefill_backlog_tokens=50_000)  # > 2 s of prefill work
     for t in range(200, 260, 5):
-        policy.on_control(float(t), telemetry(float(t), hit_rate=0.5))
-    assert policy.budget < high
-    assert policy.budget >= 0.5 * policy.b0
+        policy.on_control(float(t), telemetry(float(t), **backlog))
+    assert policy.budget == pytest.approx(180_000)  # down to the residents' reservations, not below
+
+
+def test_lost_reuse_that_prefill_absorbs_does_not_lower_the_budget() -> None:
+    """Long tool gaps evict prefixes whose recomputation prefill keeps up with: no reason to hold back."""
+    policy = _parked_controller()
+    start = policy.budget
+    for t in range(10, 60, 5):
+        policy.on_control(float(t), telemetry(float(t), hit_rate=0.5))  # deteriorated, no backlog
+    assert policy.budget > start
+
+
+def test_the_plateau_follows_the_average_healthy_hit_rate_not_its_peaks() -> None:
+    policy = controller({})
+    for t, hit in enumerate([0.90, 0.99, 0.90, 0.90, 0.90, 0.90]):
+        policy.on_control(float(5 * t), telemetry(float(5 * t), hit_rate=hit))
+    assert 0.90 < policy.plateau < 0.93
 
 
 def test_shedding_takes_the_lowest_priority_parked_session_once_per_interval() -> None:

@@ -6,7 +6,9 @@
   enters while Σ Ŵ of residents + Ŵ_head ≤ B, or when no residents remain. Admission engages at
   W = N·c̄ ≥ B0 and releases once W < α_R·B0 has held for a cool-down. B adapts page-fault-frequency
   style within a bounded range around B0: up while sessions are parked and reuse is on its healthy
-  plateau, down when reuse deteriorates; after release it grows gradually, spreading re-entry.
+  plateau or prefill keeps up, down when reuse deteriorates and the lost reuse has built a prefill backlog
+  (lost reuse that prefill absorbs costs nothing: long tool-idle gaps evict prefixes that are cheap to
+  recompute); after release it grows gradually, spreading re-entry.
 - B0 = min(m·κ·x_k·C_eff, C_eff), with C = max(C_G, C_H) and C_eff = max(C, C_G + L) for lent capacity L.
 - Ordering engages on a persistent prefill backlog or decode-memory wait, at W ≥ α_O·B0, or while
   admission is active. Lending engages at W ≥ α_L·B0 (B0 of the prefill tiers alone) or while admission
@@ -59,7 +61,7 @@ class BasinConfig:
     backlog_persist_s: float = 10.0  # a backlog counts once it has lasted this long
     backlog_tokens_s: float = 2.0  # ... and holds more than this many seconds of prefill work
     context_smoothing_s: float = 1800.0  # time constant of c̄
-    budget_range: tuple[float, float] = (0.5, 2.0)  # B within this range times B0
+    budget_range: tuple[float, float] = (0.5, 8.0)  # B within this range times B0
     budget_step: float = 0.05  # B moves by this share of B0 per control step
     plateau_tolerance: float = 0.05  # reuse is on its plateau within this of the healthy hit rate
     deteriorated_drop: float = 0.10  # reuse has deteriorated this far below the plateau
@@ -294,8 +296,11 @@ class Basin(Policy):
         # Entry (lines 7-12).
         low, high = cfg.budget_range[0] * b0, cfg.budget_range[1] * b0
         step = cfg.budget_step * b0
+        backlog = self._backlog_persists(now, telemetry)
         on_plateau = math.isnan(self.plateau) or self.hit >= self.plateau - cfg.plateau_tolerance
         deteriorated = not math.isnan(self.plateau) and self.hit < self.plateau - cfg.deteriorated_drop
+        raise_budget = on_plateau or not backlog
+        lower_budget = deteriorated and backlog
         if not cfg.admission:
             self.admit = False
         elif w >= b0 or (self.admit and w >= cfg.alpha_release * b0):
@@ -308,9 +313,9 @@ class Basin(Policy):
         if self.admit:
             if math.isinf(self.budget):
                 self.budget = b0
-            if len(self.parked) and on_plateau:
+            if len(self.parked) and raise_budget:
                 self.budget += step
-            elif deteriorated:
+            elif lower_budget:
                 # Downward steps account for measured resident demand: never far below what runs.
                 self.budget = max(self.budget - step, min(self.reserved, self.budget))
             self.budget = min(max(self.budget, low), high)
@@ -319,14 +324,13 @@ class Basin(Policy):
         else:
             self.budget = math.inf
             if not math.isnan(self.hit):
+                # A slow average, not a running maximum: a maximum of noisy hit rates sits above the
+                # plateau and makes ordinary samples look like deterioration.
                 self.plateau = (
-                    self.hit
-                    if math.isnan(self.plateau)
-                    else max(self.hit, 0.9 * self.plateau + 0.1 * self.hit)
+                    self.hit if math.isnan(self.plateau) else 0.95 * self.plateau + 0.05 * self.hit
                 )
 
         # Scheduling (lines 13-15): ordering on persistent backlog, high demand, or admission.
-        backlog = self._backlog_persists(now, telemetry)
         wants_order = cfg.ordering and (backlog or w >= cfg.alpha_order * b0 or self.admit)
         if wants_order:
             self.order, self.order_since = True, None
