@@ -13,7 +13,10 @@ import pytest
 from basin.policy import POLICIES
 
 # 1P3D with tool time x3 and a x5 surge: warm sessions all arrive at time 0 (ties), controls engage.
-ARGS = ["--deployment", "h200-1p3d", "--host-tier", "2", "--tool-time-scale", "3", "--base-rate", "10", "--surge-factor", "5", "--surge-minutes", "20", "--duration-min", "50", "--quiet", "--json", "-"]
+ARGS = [
+    *("--deployment", "h200-1p3d", "--host-tier", "2", "--tool-time-scale", "3", "--base-rate", "10"),
+    *("--surge-factor", "5", "--surge-minutes", "20", "--duration-min", "50", "--quiet", "--json", "-"),
+]
 
 
 def simulate(policy: str, hash_seed: str) -> dict:

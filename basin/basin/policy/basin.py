@@ -326,9 +326,7 @@ class Basin(Policy):
             if not math.isnan(self.hit):
                 # A slow average, not a running maximum: a maximum of noisy hit rates sits above the
                 # plateau and makes ordinary samples look like deterioration.
-                self.plateau = (
-                    self.hit if math.isnan(self.plateau) else 0.95 * self.plateau + 0.05 * self.hit
-                )
+                self.plateau = self.hit if math.isnan(self.plateau) else 0.95 * self.plateau + 0.05 * self.hit
 
         # Scheduling (lines 13-15): ordering on persistent backlog, high demand, or admission.
         wants_order = cfg.ordering and (backlog or w >= cfg.alpha_order * b0 or self.admit)
