@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +21,8 @@ if importlib.util.find_spec("sglang") is None:
 else:
     # The tests' tensors live on the CPU: Triton kernels (ours and SGLang's) run in its interpreter.
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    # NIXL agents (this process's and the decode peers') talk over UCX on the loopback device.
+    os.environ.setdefault("UCX_NET_DEVICES", "lo")
     import torchvision_shim  # noqa: F401  (must precede every sglang import)
 
 PAGE = 4
@@ -29,6 +35,72 @@ def checkout_env(**extra: str) -> dict[str, str]:
     roots = [str(REPO / name) for name in ("engine_ext", "basin")] + [str(Path(__file__).parent)]
     path = os.pathsep.join([*roots, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return {**os.environ, "PYTHONPATH": path, **extra}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Peer:
+    """A decode process serving (`serve`), stalling on (`stall`) or releasing (`released`) its lent unit
+    over NIXL, started and stopped by the test (hard timeouts everywhere)."""
+
+    def __init__(self, mode: str):
+        import zmq
+
+        self.port = free_port()
+        env = checkout_env(UCX_NET_DEVICES="lo")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).parent / "unit_peer.py"), str(self.port), mode],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        deadline = time.monotonic() + 120
+        line = ""
+        while time.monotonic() < deadline and "ready" not in line:
+            line = self.proc.stdout.readline()
+            if not line and self.proc.poll() is not None:
+                raise RuntimeError(f"decode peer died: {self.proc.stderr.read()[-3000:]}")
+        assert "ready" in line, "decode peer did not start in time"
+        self.ctx = zmq.Context()
+        self.push = self.ctx.socket(zmq.PUSH)
+        self.push.setsockopt(zmq.LINGER, 0)
+        self.push.connect(f"tcp://127.0.0.1:{self.port}")
+
+    def send(self, request) -> None:
+        from basin_engine_ext.transfer import encode_fetch
+
+        self.push.send_multipart(encode_fetch(request))
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        self.push.close()
+        self.ctx.term()
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def serving_decode():
+    """One serving decode process per module (its unit is read, never consumed, by a fetch)."""
+    decode = Peer("serve")
+    yield decode
+    decode.close()
+
+
+@pytest.fixture(scope="module")
+def stalled_decode():
+    """One decode process per module that never answers a fetch."""
+    decode = Peer("stall")
+    yield decode
+    decode.close()
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_unit_fetch import Peer
 
 from basin_engine_ext import hooks, overlap
 from basin_engine_ext.layer_wait import READY, LayerGroupFlags
@@ -144,20 +143,6 @@ def test_a_batch_without_fetching_requests_launches_no_wait(overlap_hooks) -> No
 
 
 # ---------------------------------------------------------------------- admission and settlement
-@pytest.fixture(scope="module")
-def stalled():
-    decode = Peer("stall")
-    yield decode
-    decode.close()
-
-
-@pytest.fixture(scope="module")
-def serving():
-    decode = Peer("serve")
-    yield decode
-    decode.close()
-
-
 def overlap_prefill(decode, timeout_s: float):
     from test_prefill_fetch import Prefill
 
@@ -180,11 +165,11 @@ def allocate_extend(prefill, req) -> torch.Tensor:
     return prefix
 
 
-def test_a_fetch_failing_mid_forward_sends_the_request_back_to_recompute(overlap_hooks, stalled) -> None:
+def test_a_fetch_failing_mid_forward_sends_the_request_to_recompute(overlap_hooks, stalled_decode) -> None:
     from test_prefill_fetch import LOCAL, MARK, admission_pass, prefill_request
     from unit_peer import PROMPT
 
-    prefill = overlap_prefill(stalled, timeout_s=1.0)
+    prefill = overlap_prefill(stalled_decode, timeout_s=1.0)
     try:
         prefill.previous_turn_sent(PROMPT)
         nxt = prefill_request("turn-2", [*PROMPT, 1, 2, 3], MARK)
@@ -235,7 +220,7 @@ def test_a_fetch_failing_mid_forward_sends_the_request_back_to_recompute(overlap
         prefill.close()
 
 
-def test_a_completed_fetch_leaves_its_pages_to_sglangs_own_release(overlap_hooks, serving) -> None:
+def test_a_completed_fetch_leaves_its_pages_to_sglangs_own_release(overlap_hooks, serving_decode) -> None:
     """The request ran with the fetched pages; after its batch SGLang's release (with checkpoint) puts
     the whole prompt in the tree with exactly those pages."""
     from sglang.srt.managers.schedule_batch import FINISH_LENGTH
@@ -243,7 +228,7 @@ def test_a_completed_fetch_leaves_its_pages_to_sglangs_own_release(overlap_hooks
     from test_prefill_fetch import MARK, admission_pass, prefill_request
     from unit_peer import PROMPT
 
-    prefill = overlap_prefill(serving, timeout_s=20)
+    prefill = overlap_prefill(serving_decode, timeout_s=20)
     try:
         prefill.previous_turn_sent(PROMPT)
         nxt = prefill_request("turn-2", [*PROMPT, 1, 2, 3], MARK)

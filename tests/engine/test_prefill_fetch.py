@@ -19,9 +19,8 @@ import numpy as np
 import pytest
 import torch
 import zmq
-from conftest import PAGE, DecodeKV
+from conftest import PAGE, DecodeKV, Peer
 from prometheus_client import CollectorRegistry
-from test_unit_fetch import Peer
 from unit_peer import LAYERS, PROMPT, SESSION, unit_values
 
 from basin_engine_ext import hooks
@@ -162,21 +161,6 @@ class Prefill:
 
     def close(self) -> None:
         self.fetcher.close()
-
-
-@pytest.fixture(scope="module")
-def serving_decode():
-    """One decode process for the module (its unit is read, never consumed, by a fetch)."""
-    decode = Peer("serve")
-    yield decode
-    decode.close()
-
-
-@pytest.fixture(scope="module")
-def stalled_decode():
-    decode = Peer("stall")
-    yield decode
-    decode.close()
 
 
 def test_a_sent_marked_request_is_indexed_under_the_decode_it_went_to(serving_decode) -> None:

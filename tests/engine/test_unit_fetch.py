@@ -4,69 +4,16 @@ Triton wait kernel layer by layer; a stalled or dead decode falls back to recomp
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 import zmq
-from conftest import checkout_env
+from conftest import Peer
 
-from basin_engine_ext.transfer import KVLayout, PrefillUnitIndex, UnitFetch, encode_fetch, make_agent
+from basin_engine_ext.transfer import KVLayout, PrefillUnitIndex, UnitFetch, make_agent
 
 pytestmark = pytest.mark.engine
-
-HERE = Path(__file__).parent
-os.environ.setdefault("UCX_NET_DEVICES", "lo")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Peer:
-    """The decode process, started and stopped by the test (hard timeouts everywhere)."""
-
-    def __init__(self, mode: str):
-        self.port = free_port()
-        env = checkout_env(UCX_NET_DEVICES="lo")
-        self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "unit_peer.py"), str(self.port), mode],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        deadline = time.monotonic() + 120
-        line = ""
-        while time.monotonic() < deadline and "ready" not in line:
-            line = self.proc.stdout.readline()
-            if not line and self.proc.poll() is not None:
-                raise RuntimeError(f"decode peer died: {self.proc.stderr.read()[-3000:]}")
-        assert "ready" in line, "decode peer did not start in time"
-        self.ctx = zmq.Context()
-        self.push = self.ctx.socket(zmq.PUSH)
-        self.push.setsockopt(zmq.LINGER, 0)
-        self.push.connect(f"tcp://127.0.0.1:{self.port}")
-
-    def send(self, request) -> None:
-        self.push.send_multipart(encode_fetch(request))
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def close(self) -> None:
-        self.push.close()
-        self.ctx.term()
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(10)
 
 
 @pytest.fixture
