@@ -33,6 +33,7 @@ class FetchPlan:
     start: int
     end: int
     src_indices: torch.Tensor  # decode KV slot indices of tokens [start, end)
+    state: torch.Tensor | None = None  # hybrid units: the Mamba slot holding the state at `end`
 
     @property
     def tokens(self) -> int:
@@ -152,8 +153,9 @@ class DecodeLender:
             # the copy itself is counted in use until adopted
             state_demand = max(0, self.state_demand(releasing_states) - 1)
         decision = self.store.adopt(
-            session, turn, token_ids[:whole], whole, pages, demand, state=state, state_demand=state_demand
-        )
+            session, turn, token_ids[:whole], whole, pages, demand, state=state, state_demand=state_demand,
+            state_tokens=len(token_ids),  # the copy is the state after the whole prompt
+        )  # fmt: skip
         if decision.replaced is not None:
             self._free([decision.replaced], reclaimed=False)
         if not decision.adopted:
@@ -195,7 +197,10 @@ class DecodeLender:
         """Compare the session's unit with prefill's local radix match for the next prompt.
 
         A hit (the unit covers more whole pages of the prompt than prefill matched) returns the slots
-        to write, starting at the page holding `local_match`; a miss returns None.
+        to write, starting at the page holding `local_match`; a miss returns None. A hybrid unit (with a
+        state slot) is a hit only when the fetch ends exactly at the state's position: its pages cover
+        the whole prompt the state was taken after, and `prompt_ids` (what prefill asks for) is that
+        prompt, no more and no less.
         """
         unit = self.store.get(session)
         if unit is None:
@@ -203,6 +208,8 @@ class DecodeLender:
         covered = common_prefix(unit.token_ids, prompt_ids)
         covered = (covered // self.page_size) * self.page_size
         start = (local_match // self.page_size) * self.page_size
+        if unit.state is not None and not (covered == unit.tokens == unit.state_tokens == len(prompt_ids)):
+            covered = 0  # the state would not match the prefix prefill resumes from
         if covered <= local_match:
             if self.metrics is not None:
                 self.metrics.unit_misses.inc()
@@ -210,7 +217,7 @@ class DecodeLender:
         self.store.touch(session)
         if self.metrics is not None:
             self.metrics.unit_hits.inc()
-        return FetchPlan(session, start, covered, unit.pages[start:covered])
+        return FetchPlan(session, start, covered, unit.pages[start:covered], unit.state)
 
     def record_fetched(self, tokens: int) -> None:
         if self.metrics is not None:

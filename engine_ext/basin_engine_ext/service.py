@@ -6,6 +6,11 @@ pin it, post the first layer group's NIXL WRITE) and advances running ones one g
 transfer overlaps decode steps instead of stalling them. A unit stays pinned (not reclaimable) while a
 fetch reads it. When there is no unit worth writing, or a WRITE fails, decode sends a miss notice and
 prefill recomputes at once.
+
+On a hybrid (Mamba / gated-delta) decode instance the service also writes the unit's recurrent state
+(its Mamba slot, every state buffer) into the Mamba slot prefill names, with the last layer group's
+WRITE, and only for a fetch that ends exactly at the state's prompt position; any other fetch of a
+hybrid unit, a state-less fetch from prefill, or a state layout that differs from decode's is a miss.
 """
 
 from __future__ import annotations
@@ -16,10 +21,20 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from basin_engine_ext.layer_wait import layer_groups
 from basin_engine_ext.lending import DecodeLender, FetchPlan
-from basin_engine_ext.transfer import FETCH, HELD, MISS, FetchRequest, KVLayout, notice, pages_of
+from basin_engine_ext.transfer import (
+    FETCH,
+    HELD,
+    MISS,
+    FetchRequest,
+    KVLayout,
+    StateLayout,
+    notice,
+    pages_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -36,10 +51,17 @@ class _Active:
 
 class UnitService:
     def __init__(
-        self, lender: DecodeLender, layout: KVLayout, agent: Any, socket: Any, mem_type: str = "DRAM"
+        self,
+        lender: DecodeLender,
+        layout: KVLayout,
+        agent: Any,
+        socket: Any,
+        mem_type: str = "DRAM",
+        state_layout: StateLayout | None = None,
     ):
         self.lender = lender
         self.layout = layout
+        self.state_layout = state_layout  # hybrid models: decode's Mamba pool (registered with `agent`)
         self.agent = agent
         self.socket = socket  # zmq PULL, bound; prefill PUSHes `transfer.encode_fetch` / `encode_held`
         self.mem_type = mem_type
@@ -78,9 +100,16 @@ class UnitService:
             logger.warning("basin unit fetch %s: prefill's KV layout differs from decode's", request.fetch_id)
             self._miss(request)
             return
+        if not self._state_compatible(request):
+            logger.warning("basin unit fetch %s: recurrent state cannot be served as asked", request.fetch_id)
+            self._miss(request)
+            return
         plan = self.lender.plan_fetch(request.session, request.prompt_ids, request.local_match)
         if plan is None or plan.tokens != len(request.dst_pages) * self.layout.page_size:
             self._miss(request)
+            return
+        if (plan.state is None) != (self.state_layout is None):
+            self._miss(request)  # a hybrid unit without its state (or a state on an MHA instance)
             return
         self.lender.store.pin(request.session)
         fetch = _Active(
@@ -100,16 +129,32 @@ class UnitService:
             and tuple(remote.item_lens) == tuple(self.layout.item_lens)
         )
 
+    def _state_compatible(self, request: FetchRequest) -> bool:
+        """A hybrid decode serves only fetches that take the state, into a pool of the same shape; an MHA
+        decode serves only fetches without one."""
+        if self.state_layout is None:
+            return request.dst_state < 0 and request.state_layout is None
+        remote, slot = request.state_layout, request.dst_state
+        return (
+            slot >= 0
+            and remote is not None
+            and tuple(remote.item_lens) == tuple(self.state_layout.item_lens)
+            and len(remote.lens) == len(remote.item_lens)
+            and all((slot + 1) * n <= m for n, m in zip(remote.item_lens, remote.lens, strict=True))
+        )
+
     def _post(self, fetch: _Active) -> None:
         g = fetch.next_group
         layers = fetch.groups[g]
         req = fetch.request
-        local = self.agent.get_xfer_descs(
-            self.layout.page_descs(self.layout.buffers_of(layers), fetch.src_pages), self.mem_type
-        )
-        remote = self.agent.get_xfer_descs(
-            req.layout.page_descs(req.layout.buffers_of(layers), req.dst_pages), self.mem_type
-        )
+        local_rows = self.layout.page_descs(self.layout.buffers_of(layers), fetch.src_pages)
+        remote_rows = req.layout.page_descs(req.layout.buffers_of(layers), req.dst_pages)
+        if fetch.plan.state is not None and g == len(fetch.groups) - 1:
+            # The recurrent state rides with the last group: its notice then means pages and state landed.
+            local_rows = np.concatenate([local_rows, self.state_layout.slot_descs(int(fetch.plan.state))])
+            remote_rows = np.concatenate([remote_rows, req.state_layout.slot_descs(req.dst_state)])
+        local = self.agent.get_xfer_descs(local_rows, self.mem_type)
+        remote = self.agent.get_xfer_descs(remote_rows, self.mem_type)
         fetch.handle = self.agent.initialize_xfer(
             "WRITE", local, remote, req.agent_name, notice(req.fetch_id, g)
         )

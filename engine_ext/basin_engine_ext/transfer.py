@@ -6,6 +6,13 @@ buffers of every layer, then V buffers), so page p of buffer b lies at `ptrs[b] 
 Prefill allocates destination pages, sends a `FetchRequest`, and waits per layer (`layer_wait`);
 decode's `service.UnitService` plans the fetch against its unit (`DecodeLender.plan_fetch`) and writes.
 Memory kind is a parameter: "DRAM" here and in tests, "VRAM" on GPUs.
+
+Hybrid (Mamba / gated-delta) models: the KV layout is the full-attention layers' MHA pool, and a unit's
+recurrent state travels beside it. Both sides describe their Mamba pool with SGLang's own
+`MambaPool.get_contiguous_buf_infos()` (one buffer per state tensor and linear layer, the buffers
+SGLang's PD transfer sends the MAMBA state from), so slot s of buffer b lies at `ptrs[b] + s * item_lens[b]`.
+The state is written with the last layer group's WRITE, so that group's notice (and so a complete fetch)
+implies the state has landed too.
 """
 
 from __future__ import annotations
@@ -45,6 +52,26 @@ class KVLayout:
         return np.array(rows, dtype=np.uint64).reshape(-1, 3)
 
 
+@dataclass(frozen=True)
+class StateLayout:
+    """Addresses of a Mamba pool's per-slot state buffers (every conv and temporal tensor of every
+    linear layer, SGLang's PD state-transfer order)."""
+
+    ptrs: tuple[int, ...]
+    lens: tuple[int, ...]
+    item_lens: tuple[int, ...]  # bytes of one slot in each buffer
+
+    @classmethod
+    def from_pool(cls, mamba_pool) -> StateLayout:
+        ptrs, lens, item_lens = mamba_pool.get_contiguous_buf_infos()
+        return cls(tuple(ptrs), tuple(lens), tuple(item_lens))
+
+    def slot_descs(self, slot: int) -> np.ndarray:
+        """Nx3 (address, length, device) rows of one slot, in buffer order."""
+        rows = [(p + slot * n, n, 0) for p, n in zip(self.ptrs, self.item_lens, strict=True)]
+        return np.array(rows, dtype=np.uint64).reshape(-1, 3)
+
+
 def pages_of(slot_indices, page_size: int) -> list[int]:
     """Page ids of page-aligned slot indices (one per page, in order)."""
     slots = [int(s) for s in slot_indices]
@@ -71,6 +98,11 @@ class FetchRequest:
     # grace period beyond it, so a WRITE decode posted just before the deadline cannot land in pages
     # already handed to another request.
     deadline: float = 0.0
+    # Hybrid models: prefill's Mamba slot that receives the unit's recurrent state, and prefill's state
+    # layout (-1 / None: an MHA fetch, pages only). A hybrid fetch must end exactly where the unit's
+    # state was taken (a recurrent state is valid at one token position only).
+    dst_state: int = -1
+    state_layout: StateLayout | None = None
 
 
 MISS = -1  # the notice decode sends when it has no unit worth writing (or gave up): recompute now
@@ -104,14 +136,18 @@ def encode_held(sessions: Iterable[str]) -> list[bytes]:
     return [HELD, msgspec.msgpack.encode(sorted(sessions))]
 
 
-def make_agent(name: str, layout: KVLayout, mem_type: str = "DRAM"):
-    """A NIXL agent with the UCX backend and every KV buffer registered (no progress thread: the owner
-    polls, which keeps an idle agent from spinning a core)."""
+def make_agent(name: str, layout: KVLayout, mem_type: str = "DRAM", state: StateLayout | None = None):
+    """A NIXL agent with the UCX backend and every KV buffer (and, on a hybrid model, every Mamba state
+    buffer) registered (no progress thread: the owner polls, which keeps an idle agent from spinning a
+    core)."""
     from nixl._api import nixl_agent, nixl_agent_config
 
     agent = nixl_agent(name, nixl_agent_config(enable_prog_thread=False, backends=[]))
     agent.create_backend("UCX", {})
-    agent.register_memory([(p, n, 0, "") for p, n in zip(layout.ptrs, layout.lens, strict=True)], mem_type)
+    regions = [(p, n, 0, "") for p, n in zip(layout.ptrs, layout.lens, strict=True)]
+    if state is not None:
+        regions += [(p, n, 0, "") for p, n in zip(state.ptrs, state.lens, strict=True)]
+    agent.register_memory(regions, mem_type)
     return agent
 
 
@@ -271,10 +307,18 @@ class UnitFetch:
         self.monitor = None
 
     def start(
-        self, fetch_id: str, session: str, prompt_ids: list[int], local_match: int, covered: int
+        self,
+        fetch_id: str,
+        session: str,
+        prompt_ids: list[int],
+        local_match: int,
+        covered: int,
+        dst_state: int = -1,
+        state_layout: StateLayout | None = None,
     ) -> bool:
-        """Allocate pages for prompt tokens [page(local_match), covered) and ask decode to write them.
-        False when the allocator has no room (then nothing was sent)."""
+        """Allocate pages for prompt tokens [page(local_match), covered) and ask decode to write them
+        (on a hybrid model also the unit's recurrent state into Mamba slot `dst_state`, which the caller
+        allocated). False when the allocator has no room (then nothing was sent)."""
         ps = self.layout.page_size
         self.start_token = (local_match // ps) * ps
         self.end_token = (covered // ps) * ps
@@ -304,6 +348,8 @@ class UnitFetch:
                 layout=self.layout,
                 layers_per_group=self.layers_per_group,
                 deadline=self.deadline,
+                dst_state=dst_state,
+                state_layout=state_layout,
             )
         )
         return True

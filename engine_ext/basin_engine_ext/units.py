@@ -11,7 +11,8 @@ Pure bookkeeping in tokens; the SGLang binding (`lending.py`) owns the pages beh
 - a decode allocation that falls short reclaims units before SGLang retracts a running request.
 On hybrid (linear-attention) models a unit also holds one recurrent-state slot; those slots come from
 a second, separately sized pool, so they have their own cap (φ of the state slots) and headroom rules,
-applied the same way beside the token rules.
+applied the same way beside the token rules. Such a state is valid at exactly one prompt position (the
+prompt's end, `state_tokens`), which a fetch of the unit must end at.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class Unit(Generic[P]):
     pinned: int = 0  # fetches reading the pages now: such a unit is neither reclaimed nor replaced
     state: object = None  # hybrid models: the state slot holding the prompt-end recurrent state
     states: int = 0  # state slots the unit holds (0 or 1)
+    state_tokens: int = 0  # the prompt position the state was taken at (its prompt's full length)
 
 
 @dataclass
@@ -97,6 +99,7 @@ class UnitStore(Generic[P]):
         demand: int,
         state: object = None,
         state_demand: int = 0,
+        state_tokens: int = 0,
     ) -> Decision:
         """Keep a finished call's prompt as the session's unit if the cap and the headroom allow.
 
@@ -126,8 +129,9 @@ class UnitStore(Generic[P]):
             if self.state_headroom(state_demand) - states < self.adopt_headroom * self.state_capacity:
                 return Decision(False, "headroom", replaced)
         self._units[session] = Unit(
-            session, turn, tokens, tuple(token_ids), pages, state=state, states=states
-        )
+            session, turn, tokens, tuple(token_ids), pages, state=state, states=states,
+            state_tokens=state_tokens if states else 0,
+        )  # fmt: skip
         self.lent += tokens
         self.lent_states += states
         return Decision(True, "adopted", replaced)
