@@ -187,7 +187,9 @@ def attach_lender(result: Any, queue: Any, *args: Any, **kwargs: Any) -> None:
     if kind == "hybrid":
         lender.queued_state_demand = lambda: queued_state_demand(queue)
         if _State.config.unit_port:
-            logger.warning("basin unit service off: fetching hybrid units (KV plus state) is not wired")
+            start_unit_service(
+                lender, allocator, _State.config.unit_port + int(_sglang_labels()["tp_rank"] or 0)
+            )
         logger.info(
             "basin lending on (hybrid): capacity %d tokens, %d state slots, cap %.2f",
             allocator.size,
@@ -204,23 +206,29 @@ SERVICE_ATTR = "_basin_unit_service"
 
 
 def start_unit_service(lender: DecodeLender, allocator: Any, port: int) -> Any:
-    """Decode's unit service on `port` (all interfaces): a NIXL agent over this KV pool and a control
-    socket prefill pushes fetch requests and held-unit reports to; polled by the scheduler thread."""
+    """Decode's unit service on `port` (all interfaces): a NIXL agent over this KV pool (on a hybrid
+    model its full-attention MHA pool and the lender's Mamba pool) and a control socket prefill pushes
+    fetch requests and held-unit reports to; polled by the scheduler thread."""
     import socket
 
     import zmq
 
     from basin_engine_ext.service import UnitService
-    from basin_engine_ext.transfer import KVLayout, make_agent
+    from basin_engine_ext.transfer import KVLayout, StateLayout, make_agent
 
     pool = allocator.get_kvcache()
+    state = None
+    if lender.state_pool is not None:
+        pool = pool.full_kv_pool  # HybridLinearKVPool: the full-attention layers' MHA pool
+        state = StateLayout.from_pool(lender.state_pool.mamba_pool)
     layout = KVLayout.from_pool(pool)
     mem_type = "VRAM" if str(pool.device).startswith("cuda") else "DRAM"
     control = zmq.Context.instance().socket(zmq.PULL)
     control.setsockopt(zmq.LINGER, 0)
     control.bind(f"tcp://*:{port}")
     name = f"basin-decode-{socket.gethostname()}-{port}"
-    service = UnitService(lender, layout, make_agent(name, layout, mem_type), control, mem_type)
+    agent = make_agent(name, layout, mem_type, state)
+    service = UnitService(lender, layout, agent, control, mem_type, state_layout=state)
     setattr(allocator, SERVICE_ATTR, service)
     logger.info("basin unit service %s on port %d (%s)", name, port, mem_type)
     return service
@@ -311,14 +319,18 @@ def ensure_mamba_room_reclaiming_units(
 
 def count_lent_states_in_memory_check(original: Any, checker: Any, ps: Any, *args: Any, **kwargs: Any) -> Any:
     """SGLang's Mamba pool check: available + evictable + protected + session-held == size; slots held
-    by units and prompt-end copies are none of those, so they are added to `available` here."""
+    by units and prompt-end copies (decode) or by unit fetches (prefill) are none of those, so they are
+    added to `available` here."""
     import dataclasses
 
+    from basin_engine_ext.prefill import FETCHER_ATTR
+
     lender = getattr(checker.req_to_token_pool, LENDER_ATTR, None)
-    if lender is not None:
-        held = lender.store.lent_states + len(lender.state_copies)
-        if held:
-            ps = dataclasses.replace(ps, mamba_available_size=ps.mamba_available_size + held)
+    fetcher = getattr(checker.req_to_token_pool, FETCHER_ATTR, None)
+    held = lender.store.lent_states + len(lender.state_copies) if lender is not None else 0
+    held += fetcher.inflight_states() if fetcher else 0
+    if held:
+        ps = dataclasses.replace(ps, mamba_available_size=ps.mamba_available_size + held)
     return original(checker, ps, *args, **kwargs)
 
 

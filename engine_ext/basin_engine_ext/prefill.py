@@ -30,6 +30,19 @@ before SGLang admitted its request is settled on the host as above.
 
 The held-unit report (which indexed units prefill's own tree still covers in full,
 so decode reclaims those first) goes to every known decode instance on a timer.
+
+Hybrid (Mamba / gated-delta) models, host-side form only: SGLang's prefill tree (`UnifiedRadixCache` with
+the FULL and MAMBA components) matches a prefix only up to a node that holds a Mamba state
+(`MambaComponent.create_match_validator`), and admission copies that node's state into the request's own
+slot (`finalize_match_result_in_cache` with `cow_mamba`, the copy run by the model runner before the
+forward). A recurrent state is valid at exactly one token position, and decode's unit holds the state
+after its whole prompt, so a hybrid fetch is made only when the unit's pages cover exactly that prompt
+(its length a whole number of pages, indexed only then) and the next prompt extends it. Prefill takes one
+Mamba slot from SGLang's `MambaSlotAllocator` for the fetch; decode writes the unit's pages and state into
+it; on completion the pages and the slot are inserted into the tree (the slot as the MAMBA value of the
+node at the unit's end, as SGLang's own `cache_unfinished_req` inserts a donated state), so SGLang's
+match finds the fetched prefix with its state and the request resumes exactly there. A failed fetch's
+slot is freed (refusal) or quarantined with its pages (timeout) and never reaches the tree or a request.
 """
 
 from __future__ import annotations
@@ -53,6 +66,7 @@ from basin_engine_ext.transfer import (
     KVLayout,
     NoticeRouter,
     PrefillUnitIndex,
+    StateLayout,
     UnitFetch,
     encode_fetch,
     encode_held,
@@ -92,6 +106,7 @@ class _Fetching:
     matched: torch.Tensor  # prefill's own slots of prompt tokens [0, start)
     tokens: list[int]  # prompt tokens [0, end)
     attached: bool = False  # in a batch SGLang is running: settled with that batch's result
+    state: torch.Tensor | None = None  # hybrid: the Mamba slot decode writes the state at `end` into
 
     @property
     def start(self) -> int:
@@ -126,7 +141,13 @@ class PrefillFetcher:
         clock: Callable[[], float] = time.monotonic,
         overlap: bool = False,
         flags_device: str = "cpu",
+        state_pool: Any = None,
     ):
+        # Hybrid models: SGLang's HybridReqToTokenPool (its Mamba pool and slot allocator). The per-layer
+        # overlap does not apply (the state must be whole before the first linear layer runs).
+        self.state_pool = state_pool
+        self.state_layout = StateLayout.from_pool(state_pool.mamba_pool) if state_pool is not None else None
+        overlap = overlap and state_pool is None
         self.overlap = overlap
         self.flags_device = flags_device  # where the wait kernel reads the flags: the model's device
         self.tree_cache = tree_cache
@@ -138,7 +159,8 @@ class PrefillFetcher:
         self.metrics = metrics
         self.held_interval_s, self.clock = held_interval_s, clock
         self.late_write_grace_s = late_write_grace_s
-        self._quarantine: list[tuple[float, torch.Tensor]] = []  # (free after, wall clock; slots)
+        # (free after, wall clock; KV slots; Mamba slot or None)
+        self._quarantine: list[tuple[float, torch.Tensor, torch.Tensor | None]] = []
         self.index = PrefillUnitIndex()
         self.router = NoticeRouter(agent)
         self.fetching: dict[str, _Fetching] = {}  # by request id
@@ -147,6 +169,8 @@ class PrefillFetcher:
         self._ids = itertools.count()
         self._next_report = clock() + held_interval_s
         setattr(self.allocator, FETCHER_ATTR, self)
+        if state_pool is not None:
+            setattr(state_pool, FETCHER_ATTR, self)
 
     # ------------------------------------------------------------------ recording
     def decode_address(self, endpoint: str) -> str:
@@ -169,6 +193,8 @@ class PrefillFetcher:
             return
         prompt = list(req.origin_input_ids)
         whole = (len(prompt) // self.layout.page_size) * self.layout.page_size
+        if self.state_pool is not None and whole != len(prompt):
+            return  # decode's state is at the prompt's end, past its last whole page: never usable
         if whole > 0:
             self.index.record(session_of(req), decode, prompt[:whole])
 
@@ -197,10 +223,11 @@ class PrefillFetcher:
                 del self.fetching[rid]
                 self._conclude(rid, f)
         now = time.time()
-        due = [slots for after, slots in self._quarantine if after <= now]
-        self._quarantine = [(after, slots) for after, slots in self._quarantine if after > now]
-        for slots in due:
+        due = [q for q in self._quarantine if q[0] <= now]
+        self._quarantine = [q for q in self._quarantine if q[0] > now]
+        for _, slots, state in due:
             self.allocator.free(slots)
+            self._free_state(state)
 
     def inflight_tokens(self) -> int:
         """Slots of fetches still running or of timed-out fetches in their grace period (owned by neither
@@ -210,7 +237,29 @@ class PrefillFetcher:
             for f in self.fetching.values()
             if f.fetch.dst_slots is not None and not f.attached  # attached: in the request's row
         )
-        return running + sum(int(slots.numel()) for _, slots in self._quarantine)
+        return running + sum(int(slots.numel()) for _, slots, _ in self._quarantine)
+
+    def inflight_states(self) -> int:
+        """Mamba slots of fetches still running or in their grace period (owned by neither a request nor
+        the tree)."""
+        running = sum(1 for f in self.fetching.values() if f.state is not None)
+        return running + sum(1 for _, _, state in self._quarantine if state is not None)
+
+    def _free_state(self, state: torch.Tensor | None) -> None:
+        if state is not None:
+            self.state_pool.mamba_allocator.free(state)
+
+    def _alloc_state(self) -> torch.Tensor | None:
+        """One Mamba slot for a fetch's state, evicting a tree state (SGLang's own eviction) if none is
+        free; None when the pool has no room."""
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+        slots = self.state_pool.mamba_allocator
+        state = slots.alloc(1)
+        if state is None:
+            self.tree_cache.evict_for_alloc(EvictParams(num_tokens=0, mamba_num=1))
+            state = slots.alloc(1)
+        return state
 
     def _maybe_start(self, req: Any) -> None:
         from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
@@ -225,6 +274,12 @@ class PrefillFetcher:
         # SGLang's own match keeps at least the prompt's last token to compute; fetch no further.
         usable = ((len(prompt) - 1) // ps) * ps
         end = min((common_prefix(unit.token_ids, prompt) // ps) * ps, usable)
+        if self.state_pool is not None and end != len(unit.token_ids):
+            # decode's state is at the unit's end only; a shorter prefix has no state to resume from
+            if self.metrics is not None:
+                self.metrics.unit_misses.inc()
+            return
+        # On a hybrid tree SGLang's match stops at the last node holding a Mamba state.
         result = self.tree_cache.match_prefix(MatchPrefixParams(key=self._key(req, prompt)))
         start = (result.device_prefix_len // ps) * ps
         if end <= start:
@@ -236,6 +291,13 @@ class PrefillFetcher:
         n = end - start
         if self.allocator.available_size() < n:
             evict_from_tree_cache(self.tree_cache, n)
+        state = None
+        if self.state_pool is not None:
+            state = self._alloc_state()
+            if state is None:
+                self.tree_cache.unlock(lock)
+                self.outcomes.append((req.rid, "no room", 0))
+                return
         sock = self._socket(unit.decode)
         fetch = UnitFetch(
             self.agent, self.agent_name, self.allocator, self.layout,
@@ -245,11 +307,15 @@ class PrefillFetcher:
             metrics=self.metrics, device=self.flags_device, router=self.router,
         )  # fmt: skip
         fetch_id = f"{req.rid}-{next(self._ids)}"
-        if not fetch.start(fetch_id, session, prompt[:end], start, end):
+        dst_state = int(state[0]) if state is not None else -1
+        if not fetch.start(fetch_id, session, prompt[:end], start, end, dst_state, self.state_layout):
+            self._free_state(state)
             self.tree_cache.unlock(lock)
             self.outcomes.append((req.rid, "no room", 0))
             return
-        self.fetching[req.rid] = _Fetching(req, session, unit, fetch, lock, matched, prompt[:end])
+        self.fetching[req.rid] = _Fetching(
+            req, session, unit, fetch, lock, matched, prompt[:end], state=state
+        )
 
     def _conclude(self, rid: str, f: _Fetching) -> None:
         from sglang.srt.mem_cache.base_prefix_cache import InsertParams
@@ -261,10 +327,18 @@ class PrefillFetcher:
         slots = f.fetch.dst_slots
         value = torch.cat([f.matched.to(slots.dtype), slots])
         # Tokens [0, start) are the tree's own slots (locked); insert takes ownership of the fetched
-        # ones and frees any the tree meanwhile got from another request.
-        self.tree_cache.insert(
-            InsertParams(key=self._key(f.req, f.tokens), value=value, prev_prefix_len=len(f.matched))
-        )
+        # ones and frees any the tree meanwhile got from another request. A hybrid fetch's state slot
+        # becomes the MAMBA value of the node at the unit's end (as SGLang's `cache_unfinished_req`
+        # inserts a donated state); if that node got a state meanwhile, the tree keeps its own.
+        result = self.tree_cache.insert(
+            InsertParams(
+                key=self._key(f.req, f.tokens), value=value, prev_prefix_len=len(f.matched),
+                mamba_value=f.state,
+            )
+        )  # fmt: skip
+        if f.state is not None and result.mamba_exist:
+            self._free_state(f.state)
+        f.state = None
         fetched = len(f.tokens) - len(f.matched)
         f.fetch.dst_slots = None
         self.tree_cache.unlock(f.lock)
@@ -275,14 +349,16 @@ class PrefillFetcher:
         the local match is unlocked, the index learns what failed."""
         if outcome.reason == "refused":  # decode said it writes nothing (more): pages back at once
             self.allocator.free(f.fetch.dst_slots)
+            self._free_state(f.state)
             if self.index.lookup(f.session) is f.unit:  # decode no longer holds that unit
                 self.index.forget(f.session)
         else:  # timeout, lost peer: decode may still post a WRITE until the deadline
-            self._quarantine.append((f.fetch.deadline + self.late_write_grace_s, f.fetch.dst_slots))
+            self._quarantine.append((f.fetch.deadline + self.late_write_grace_s, f.fetch.dst_slots, f.state))
             # A decode instance that let one fetch time out is likely gone or stalled: stop sending its
             # sessions' turns into the same wait; their next sent turns index them again.
             self.index.forget_decode(f.unit.decode)
         f.fetch.dst_slots = None
+        f.state = None
         logger.info("basin unit fetch for %s: %s, recomputing", rid, outcome.reason)
         self.tree_cache.unlock(f.lock)
         self._record(rid, outcome.reason, 0)
@@ -477,8 +553,8 @@ def decode_endpoint(req: Any) -> str | None:
 # ---------------------------------------------------------------------- SGLang hooks
 def fetcher_for(scheduler: Any, config: Any) -> PrefillFetcher | None:
     """The scheduler's fetcher, made on first use on a PD prefill scheduler with TP = PP = 1 whose tree is
-    SGLang's unified radix cache over a full-attention MHA pool (None elsewhere: decode, mixed, other
-    pools, larger TP)."""
+    SGLang's unified radix cache over a full-attention MHA pool, or over an MHA + Mamba hybrid pool as
+    `_hybrid_fetch_refusal` describes (None elsewhere: decode, mixed, other pools, larger TP)."""
     existing = getattr(scheduler, FETCHER_ATTR, None)
     if existing is not None:
         return existing or None
@@ -505,30 +581,82 @@ def _make_fetcher(scheduler: Any, config: Any) -> PrefillFetcher | None:
         return None
     tree = scheduler.tree_cache
     pool = tree.token_to_kv_pool_allocator.get_kvcache()
-    if (
-        not isinstance(tree, UnifiedRadixCache)
-        or not tree.supports_prefix_sharing()
-        or type(pool) is not MHATokenToKVPool
-    ):
-        logger.warning(
-            "basin unit fetch off: %s over %s is not a unified radix cache over an MHA pool",
-            type(tree).__name__,
-            type(pool).__name__,
-        )
+    if not isinstance(tree, UnifiedRadixCache) or not tree.supports_prefix_sharing():
+        logger.warning("basin unit fetch off: %s is not an enabled unified radix cache", type(tree).__name__)
         return None
+    state_pool = None
+    if type(pool) is not MHATokenToKVPool:
+        why = _hybrid_fetch_refusal(tree, pool)
+        if why is not None:
+            logger.warning(
+                "basin unit fetch off: %s over %s: %s", type(tree).__name__, type(pool).__name__, why
+            )
+            return None
+        state_pool, pool = tree.req_to_token_pool, pool.full_kv_pool
+        if config.layer_overlap:
+            logger.warning(
+                "basin per-layer overlap off on a hybrid model: a fetching request waits on the host "
+                "(its recurrent state must be whole before the first linear layer runs)"
+            )
     layout = KVLayout.from_pool(pool)
     mem_type = "VRAM" if str(pool.device).startswith("cuda") else "DRAM"
     name = f"basin-prefill-{socket.gethostname()}-{os.getpid()}-{tp_rank}"
     from basin_engine_ext.hooks import engine_metrics
 
+    overlap = config.layer_overlap and state_pool is None
+    state = StateLayout.from_pool(state_pool.mamba_pool) if state_pool is not None else None
     fetcher = PrefillFetcher(
-        tree, make_agent(name, layout, mem_type), name, layout, zmq_connect,
+        tree, make_agent(name, layout, mem_type, state), name, layout, zmq_connect,
         unit_port=config.unit_port, tp_rank=tp_rank, timeout_s=config.fetch_timeout_s,
-        metrics=engine_metrics(), overlap=config.layer_overlap,
-        flags_device=str(pool.device) if config.layer_overlap else "cpu",
+        metrics=engine_metrics(), overlap=overlap, flags_device=str(pool.device) if overlap else "cpu",
+        state_pool=state_pool,
     )  # fmt: skip
-    logger.info("basin unit fetch on: agent %s, decode unit port %d", name, config.unit_port)
+    logger.info(
+        "basin unit fetch on%s: agent %s, decode unit port %d",
+        " (hybrid: full-attention pages and recurrent state)" if state_pool is not None else "",
+        name,
+        config.unit_port,
+    )
     return fetcher
+
+
+def _hybrid_fetch_refusal(tree: Any, pool: Any) -> str | None:
+    """Why a prefill tree over a non-MHA pool cannot take hybrid unit fetches (None: it can).
+
+    Wired: SGLang's `HybridLinearKVPool` whose full-attention layers are an `MHATokenToKVPool`, the tree's
+    components exactly FULL and MAMBA, its request pool a `HybridReqToTokenPool` over a plain `MambaPool`
+    with SGLang's `MambaSlotAllocator`, without the Mamba extra buffer (states at sequence ends only, page
+    size 1, which SGLang asserts), without int8 state checkpoints (the tree's values would be checkpoint
+    slots, not Mamba slots) and without ReplaySSM rings (a slot's temporal state lags its ring)."""
+    from sglang.srt.mem_cache.allocator.mamba import MambaSlotAllocator
+    from sglang.srt.mem_cache.memory_pool import (
+        HybridLinearKVPool,
+        HybridReqToTokenPool,
+        MambaPool,
+        MHATokenToKVPool,
+    )
+    from sglang.srt.mem_cache.unified_cache.components import ComponentType
+
+    req_pool = getattr(tree, "req_to_token_pool", None)
+    full = getattr(pool, "full_kv_pool", None)
+    if type(pool) is not HybridLinearKVPool or type(full) is not MHATokenToKVPool:
+        return "not an MHA pool nor a hybrid pool with MHA full-attention layers"
+    if tuple(tree.tree_components) != (ComponentType.FULL, ComponentType.MAMBA):
+        return f"tree components {tree.tree_components} are not FULL and MAMBA"
+    if (
+        type(req_pool) is not HybridReqToTokenPool
+        or type(req_pool.mamba_pool) is not MambaPool
+        or type(req_pool.mamba_allocator) is not MambaSlotAllocator
+        or req_pool.mamba_pool is not pool.mamba_pool
+    ):
+        return "request pool is not SGLang's HybridReqToTokenPool over the KV pool's plain MambaPool"
+    if getattr(tree, "enable_mamba_extra_buffer", False):
+        return "the Mamba extra buffer (tracked states at chunk boundaries) is not wired"
+    if getattr(req_pool, "mamba_ckpt_pool", None) is not None:
+        return "int8 Mamba checkpoints are not wired"
+    if getattr(req_pool.mamba_pool, "replayssm_write_pos", None) is not None:
+        return "ReplaySSM state rings are not wired"
+    return None
 
 
 def _parallel(scheduler: Any) -> tuple[int, int, int]:
