@@ -180,9 +180,20 @@ class HybridDecodeKV(DecodeKV):
     """A hybrid (Mamba / gated-delta) decode instance as SGLang's configurator builds it for PD decode:
     `HybridMambaDecodeReqToTokenPool` (request rows plus a `MambaPool` and its slot allocator), a
     `HybridLinearKVPool` over the same Mamba pool whose full-attention layers are an MHA pool, the paged
-    allocator over that, and the disabled `UnifiedRadixCache` with the FULL and MAMBA components."""
+    allocator over that, and the disabled `UnifiedRadixCache` with the FULL and MAMBA components.
 
-    def __init__(self, tokens: int = 256, page: int = PAGE, requests: int = 6) -> None:
+    `prefill=True` builds a hybrid prefill instance instead: SGLang's `HybridReqToTokenPool` and the
+    enabled tree with both components (SGLang asserts page size 1 for it without the Mamba extra buffer)."""
+
+    def __init__(
+        self,
+        tokens: int = 256,
+        page: int = PAGE,
+        requests: int = 6,
+        linear_layers: tuple[int, ...] = (0, 1, 3),
+        full_layers: tuple[int, ...] = (2,),
+        prefill: bool = False,
+    ) -> None:
         import torch
         from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
         from sglang.srt.disaggregation.decode import HybridMambaDecodeReqToTokenPool
@@ -199,17 +210,27 @@ class HybridDecodeKV(DecodeKV):
         args._mamba_cache_chunk_size = 64
         set_global_server_args_for_scheduler(args)
         self.page = page
-        linear_layers, full_layers = [0, 1, 3], [2]  # three gated-delta layers of four
+        linear_layers, full_layers = list(linear_layers), list(full_layers)  # default: 3 gated-delta of 4
         shape = Mamba2StateShape.create(
             tp_world_size=1, intermediate_size=16, n_groups=1, num_heads=2, head_dim=8, state_size=4,
             conv_kernel=4,
         )  # fmt: skip
-        self.req_to_token = HybridMambaDecodeReqToTokenPool(
-            size=requests, max_context_len=512, device="cpu", enable_memory_saver=False,
-            cache_params=Mamba2CacheParams(shape=shape, layers=linear_layers), mamba_layer_ids=linear_layers,
-            speculative_num_draft_tokens=None, enable_mamba_extra_buffer=False, pre_alloc_size=0,
-            enable_overlap_schedule=False,
-        )  # fmt: skip
+        params = Mamba2CacheParams(shape=shape, layers=linear_layers)
+        if prefill:
+            from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
+
+            self.req_to_token = HybridReqToTokenPool(
+                size=requests, mamba_size=requests * 2, mamba_spec_state_size=0, max_context_len=512,
+                device="cpu", enable_memory_saver=False, cache_params=params, mamba_layer_ids=linear_layers,
+                enable_mamba_extra_buffer=False, enable_overlap_schedule=False,
+            )  # fmt: skip
+        else:
+            self.req_to_token = HybridMambaDecodeReqToTokenPool(
+                size=requests, max_context_len=512, device="cpu", enable_memory_saver=False,
+                cache_params=params, mamba_layer_ids=linear_layers,
+                speculative_num_draft_tokens=None, enable_mamba_extra_buffer=False, pre_alloc_size=0,
+                enable_overlap_schedule=False,
+            )  # fmt: skip
         self.mamba = self.req_to_token.mamba_pool
         self.pool = HybridLinearKVPool(
             size=tokens, dtype=torch.float16, page_size=page, head_num=2, head_dim=8,
@@ -220,8 +241,9 @@ class HybridDecodeKV(DecodeKV):
         )
         self.tree = UnifiedRadixCache(
             CacheInitParams(
-                disable=True, req_to_token_pool=self.req_to_token, token_to_kv_pool_allocator=self.allocator,
-                page_size=page, tree_components=(ComponentType.FULL, ComponentType.MAMBA),
+                disable=not prefill, req_to_token_pool=self.req_to_token,
+                token_to_kv_pool_allocator=self.allocator, page_size=page,
+                tree_components=(ComponentType.FULL, ComponentType.MAMBA),
             )
         )  # fmt: skip
 
@@ -231,17 +253,22 @@ class HybridDecodeKV(DecodeKV):
         idx = int(slot)
         return [c[:, idx].clone() for c in cache.conv] + [cache.temporal[:, idx].clone()]
 
-    def write_state(self, slot, seed: int) -> None:
-        """What a transfer (or a decode step) writes into a request's Mamba slot."""
+    def expected_state(self, seed: int) -> list:
+        """What `write_state(slot, seed)` writes, without touching the pool."""
         import torch
 
         gen = torch.Generator().manual_seed(seed)
         cache = self.mamba.mamba_cache
-        idx = int(slot)
-        for c in cache.conv:
-            c[:, idx] = torch.randn(c[:, idx].shape, generator=gen).to(c.dtype)
+        out = [torch.randn(c[:, 0].shape, generator=gen).to(c.dtype) for c in cache.conv]
         t = cache.temporal
-        t[:, idx] = torch.randn(t[:, idx].shape, generator=gen).to(t.dtype)
+        return [*out, torch.randn(t[:, 0].shape, generator=gen).to(t.dtype)]
+
+    def write_state(self, slot, seed: int) -> None:
+        """What a transfer (or a decode step) writes into a request's Mamba slot."""
+        cache = self.mamba.mamba_cache
+        idx = int(slot)
+        for buf, value in zip([*cache.conv, cache.temporal], self.expected_state(seed), strict=True):
+            buf[:, idx] = value
 
     def transferred_request(self, rid: str, prompt: list[int], custom_params: dict | None = None):
         """A decode request whose prompt KV and prompt-end state prefill has delivered: row, KV slots and

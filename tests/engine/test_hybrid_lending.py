@@ -222,3 +222,27 @@ def test_lender_stays_off_on_mla_hybrid_pools(plugin_loaded, hybrid_kv) -> None:
         assert hooks.lender_for(kv.allocator) is None
     finally:
         kv.allocator._kvcache = kv.pool
+
+
+def test_a_hybrid_unit_is_fetched_only_up_to_exactly_its_state(plugin_loaded, hybrid_kv) -> None:
+    """A recurrent state is valid at one prompt position: decode plans a fetch of a hybrid unit only when
+    it ends exactly where the unit's state was taken (its whole prompt, a whole number of pages)."""
+    from sglang.srt.mem_cache.common import release_kv_cache
+
+    kv = hybrid_kv
+    lender, _ = hybrid_lender(kv)
+    aligned, ragged = list(range(100, 108)), list(range(200, 210))  # 8 tokens; 10 tokens (8 in pages)
+    for session, prompt in (("s1", aligned), ("s2", ragged)):
+        req = kv.transferred_request(session, prompt, custom_params=mark(session))
+        prebuild(kv, [req])
+        kv.finish(req)
+        release_kv_cache(req, kv.tree, checkpoint=False)
+    unit = lender.store.get("s1")
+    assert (unit.tokens, unit.state_tokens) == (8, 8)
+    plan = lender.plan_fetch("s1", aligned, local_match=4)
+    assert plan is not None and (plan.start, plan.end) == (4, 8) and plan.state is unit.state
+    assert lender.plan_fetch("s1", aligned[:4], local_match=0) is None  # ends before the state
+    assert lender.plan_fetch("s1", [*aligned, 1, 2, 3, 4], local_match=0) is None  # asks past it
+    assert lender.plan_fetch("s1", aligned, local_match=8) is None  # nothing beyond prefill's match
+    assert (lender.store.get("s2").tokens, lender.store.get("s2").state_tokens) == (8, 10)
+    assert lender.plan_fetch("s2", ragged[:8], local_match=0) is None  # pages end before the state
