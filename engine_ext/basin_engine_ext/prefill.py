@@ -625,9 +625,10 @@ def _hybrid_fetch_refusal(tree: Any, pool: Any) -> str | None:
 
     Wired: SGLang's `HybridLinearKVPool` whose full-attention layers are an `MHATokenToKVPool`, the tree's
     components exactly FULL and MAMBA, its request pool a `HybridReqToTokenPool` over a plain `MambaPool`
-    with SGLang's `MambaSlotAllocator`, without the Mamba extra buffer (states at sequence ends only, page
-    size 1, which SGLang asserts), without int8 state checkpoints (the tree's values would be checkpoint
-    slots, not Mamba slots) and without ReplaySSM rings (a slot's temporal state lags its ring)."""
+    with SGLang's `MambaSlotAllocator`, without the Mamba extra buffer (`no_buffer`: states at sequence ends
+    only, page size 1, which SGLang asserts), without int8 state checkpoints (the tree's values would be
+    checkpoint slots, not Mamba slots) and without ReplaySSM rings (a slot's temporal state lags its
+    ring)."""
     from sglang.srt.mem_cache.allocator.mamba import MambaSlotAllocator
     from sglang.srt.mem_cache.memory_pool import (
         HybridLinearKVPool,
@@ -651,7 +652,14 @@ def _hybrid_fetch_refusal(tree: Any, pool: Any) -> str | None:
     ):
         return "request pool is not SGLang's HybridReqToTokenPool over the KV pool's plain MambaPool"
     if getattr(tree, "enable_mamba_extra_buffer", False):
-        return "the Mamba extra buffer (tracked states at chunk boundaries) is not wired"
+        # SGLang's `auto` strategy picks the extra buffer whenever overlap scheduling is on or pages are
+        # larger than 1 (and the model supports it). Its tree names states only at multiples of the
+        # checkpoint grid (`mamba_checkpoint_grid`: lcm of the Mamba chunk size and the page), while a
+        # unit's state sits at its prompt's end; its ping-pong tracking was not traced for a fetched state.
+        return (
+            "the Mamba extra buffer keeps tree states on its checkpoint grid, a unit's state is at its "
+            "prompt end (run prefill with --mamba-radix-cache-strategy no_buffer)"
+        )
     if getattr(req_pool, "mamba_ckpt_pool", None) is not None:
         return "int8 Mamba checkpoints are not wired"
     if getattr(req_pool.mamba_pool, "replayssm_write_pos", None) is not None:

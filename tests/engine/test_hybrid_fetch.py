@@ -356,6 +356,11 @@ def test_the_fetcher_on_a_hybrid_prefill_takes_state_and_waits_on_the_host() -> 
         made.close()
     # a hybrid decode instance's disabled tree takes no fetches
     assert fetcher_for(scheduler(HybridDecodeKV(tokens=64, page=1)), config) is None
+    # nor a tree with the Mamba extra buffer (its states sit on the checkpoint grid); the flag is set on
+    # the tree SGLang built, as `CacheInitParams.enable_mamba_extra_buffer` would
+    extra = HybridDecodeKV(tokens=64, page=1, prefill=True)
+    extra.tree.enable_mamba_extra_buffer = True
+    assert fetcher_for(scheduler(extra), config) is None
 
 
 def test_hybrid_decode_refuses_a_fetch_without_the_state_and_writes_nothing(hybrid_decode) -> None:
