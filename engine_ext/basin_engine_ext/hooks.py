@@ -19,11 +19,14 @@ Targets (dotted paths resolved by SGLang's HookRegistry, which also rebinds `fro
   into a Mamba slot kept for its unit before the first decode step overwrites it;
   `mem_cache.allocation.ensure_mamba_capacity` (AROUND) frees units' state slots (then pending copies)
   before SGLang's prealloc gives up on Mamba room; `SchedulerInvariantChecker._check_mamba_pool`
-  (AROUND) counts those slots in SGLang's Mamba-pool conservation check;
+  (AROUND) counts those slots in SGLang's Mamba-pool conservation check (and, on a hybrid prefill, the
+  Mamba slots of unit fetches in flight); with a unit port the hybrid lender's unit service also serves
+  each unit's state slot;
 - `PrefillBootstrapQueue.pop_bootstrapped` (AROUND): order the bootstrap queue by request priority;
 - `Scheduler.get_new_batch_prefill` (AROUND, PD prefill only, with `BASIN_ENGINE_UNIT_PORT`): before
   SGLang's admission pass, start unit fetches for waiting requests of indexed sessions and hold those
-  requests out of admission until the unit's KV is in the radix tree or the fetch failed (`prefill.py`);
+  requests out of admission until the unit's KV (on a hybrid model, and its recurrent state as the tree
+  node's MAMBA value) is in the radix tree or the fetch failed (`prefill.py`);
 - `SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue` (AROUND, same): note the
   decode instance of marked requests in transfer, record the session's unit once the transfer succeeded;
 - with `BASIN_ENGINE_LAYER_OVERLAP` as well (prefill admits a fetching request at once, `prefill.py`):
