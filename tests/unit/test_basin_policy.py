@@ -184,6 +184,17 @@ def test_the_plateau_follows_the_average_healthy_hit_rate_not_its_peaks() -> Non
     assert 0.90 < policy.plateau < 0.93
 
 
+def test_the_plateau_is_learned_under_admission_but_not_from_a_backlogged_engine() -> None:
+    policy = controller({"big": 150_000})
+    arrive(policy, "big", 0.0)
+    policy.on_call_end(0.0, CallInfo("big", 0, 10_000), 150_000)
+    policy.on_control(1.0, telemetry(1.0, hit_rate=0.9))  # W = 150K >= B0: admission from the start
+    assert policy.admit and policy.plateau == pytest.approx(0.9)  # nobody parked, prefill keeps up
+    for t in range(5, 60, 5):  # reuse collapses and the recomputation piles up
+        policy.on_control(float(t), telemetry(float(t), hit_rate=0.2, prefill_backlog_tokens=50_000))
+    assert policy.plateau > 0.8  # two samples before the backlog persists (10 s), none after it
+
+
 def test_shedding_takes_the_lowest_priority_parked_session_once_per_interval() -> None:
     peaks = {"r": 200_000, "old_big": 90_000, "old_small": 2_000, "new": 50_000}
     policy = controller(peaks, shed_after_s=900.0)

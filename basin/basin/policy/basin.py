@@ -8,7 +8,8 @@
   style within a bounded range around B0: up while sessions are parked and reuse is on its healthy
   plateau or prefill keeps up, down when reuse deteriorates and the lost reuse has built a prefill backlog
   (lost reuse that prefill absorbs costs nothing: long tool-idle gaps evict prefixes that are cheap to
-  recompute); after release it grows gradually, spreading re-entry.
+  recompute); after release it grows gradually, spreading re-entry. The plateau is learned whenever
+  nobody is parked and prefill keeps up.
 - B0 = min(m·κ·x_k·C_eff, C_eff), with C = max(C_G, C_H) and C_eff = max(C, C_G + L) for lent capacity L.
 - Ordering engages on a persistent prefill backlog or decode-memory wait, at W ≥ α_O·B0, or while
   admission is active. Lending engages at W ≥ α_L·B0 (B0 of the prefill tiers alone) or while admission
@@ -323,10 +324,11 @@ class Basin(Policy):
             self.budget = b0 if math.isinf(self.budget) else min(self.budget + step, high)
         else:
             self.budget = math.inf
-            if not math.isnan(self.hit):
-                # A slow average, not a running maximum: a maximum of noisy hit rates sits above the
-                # plateau and makes ordinary samples look like deterioration.
-                self.plateau = self.hit if math.isnan(self.plateau) else 0.95 * self.plateau + 0.05 * self.hit
+        if not len(self.parked) and not backlog and not math.isnan(self.hit):
+            # The healthy plateau: reuse while nobody waits and prefill keeps up, also while admission is
+            # engaged (it may be from the first step on). A slow average, not a running maximum: a maximum
+            # of noisy hit rates sits above the plateau and makes ordinary samples look like deterioration.
+            self.plateau = self.hit if math.isnan(self.plateau) else 0.95 * self.plateau + 0.05 * self.hit
 
         # Scheduling (lines 13-15): ordering on persistent backlog, high demand, or admission.
         wants_order = cfg.ordering and (backlog or w >= cfg.alpha_order * b0 or self.admit)
