@@ -16,8 +16,24 @@ With NIXL the validator also forgives, each only in the configuration traced in 
   request's KV request-owned and unpublished (`advance_unpublished_req`) until decode has reserved,
   publishes it under the request's lock right before the send, and releases it at transfer success;
   prefill_complete never takes the optimistic retry path that made eager write-through unsafe.
-Decode HiCache, prefill storage backends, write_through_selective and hybrid (Mamba) state stay
-rejected.
+With NIXL the KV manager hook also accepts hybrid (Mamba / gated-delta) state, in the configuration
+traced in SGLang's source (`HYBRID_TRACED`): SGLang's `CommonKVManager.__init__` refuses any state type
+but DSA under prefill_complete; the deferral itself treats a Mamba slot as it treats a KV page:
+- prefill: the request's whole prompt runs while `pending_bootstrap`; its last-chunk checkpoint, on a
+  tree with the MAMBA component and no extra buffer, copies the slot's state into a fresh slot for the
+  tree (`MambaComponent.prepare_for_caching_req`, unfinished) and leaves the request's own slot as it
+  is; the request stays in the inflight queue holding row, pages and slot; when decode's destination
+  arrives, `handle_pending_bootstrap` checkpoints again (the state is already in the tree: the new copy
+  is freed) and the last-chunk send reads the state payload from the request's own slot
+  (`req_index_to_mamba_index_mapping`), still the prompt-end state; at transfer success the finished
+  request's release hands that slot to the tree; a bootstrap failure or timeout
+  (`handle_bootstrap_failure`) releases without a checkpoint, which frees it;
+- decode: nothing is allocated until prefill reports completion; then `pop_preallocated` runs the same
+  allocation as without deferral (`ensure_mamba_capacity`, then the row and its slot together, the slot
+  index sent as the MAMBA destination).
+Still refused with hybrid state, each named in the error: state types beside MAMBA, the decode radix
+cache, and on prefill the Mamba extra buffer, int8 Mamba checkpoints and HiCache.
+Decode HiCache, prefill storage backends and write_through_selective stay rejected.
 """
 
 from __future__ import annotations
@@ -29,9 +45,12 @@ DECODE_CACHES = "decode radix cache or decode HiCache"
 PREFILL_HICACHE = "prefill HiCache other than L2 write_back"
 PREFIX = "does not yet support "
 
+HYBRID_REJECTED = "prefill_complete currently supports full-attention and DSA KV pools only"
+
 TARGETS = {
     "validate": "sglang.srt.arg_groups.pd_disaggregation_hook._validate_prefill_complete",
     "nixl_bootstrap": "sglang.srt.disaggregation.nixl.conn.NixlKVManager._start_bootstrap_thread",
+    "kv_manager": "sglang.srt.disaggregation.common.conn.CommonKVManager.__init__",
 }
 
 
@@ -40,6 +59,7 @@ def register_hooks() -> None:
 
     HookRegistry.register(TARGETS["validate"], validate_allowing_nixl, HookType.AROUND)
     HookRegistry.register(TARGETS["nixl_bootstrap"], start_nixl_bootstrap_with_deferral, HookType.AROUND)
+    HookRegistry.register(TARGETS["kv_manager"], init_kv_manager_allowing_hybrid, HookType.AROUND)
 
 
 def validate_allowing_nixl(original: Any, server_args: Any) -> None:
@@ -103,3 +123,75 @@ def start_nixl_bootstrap_with_deferral(original: Any, manager: Any, *args: Any, 
     ):
         manager.server_socket = DeferredBootstrapSocket(manager.server_socket, manager)
     return original(manager, *args, **kwargs)
+
+
+def init_kv_manager_allowing_hybrid(
+    original: Any, manager: Any, args: Any, disaggregation_mode: Any, *rest: Any, **kwargs: Any
+) -> None:
+    """SGLang's KV manager constructor; under prefill_complete a NIXL manager whose KV args carry Mamba
+    state is built when `hybrid_refusal` finds nothing untraced. The constructor reads `state_types`
+    only in its prefill_complete check, so the Mamba entry is hidden from that check alone and put back
+    before the NIXL subclass registers the state buffers."""
+    from sglang.srt.disaggregation.common.conn import StateType
+
+    types = getattr(args, "state_types", None)
+    if not _hybrid_deferral(manager, types):
+        return original(manager, args, disaggregation_mode, *rest, **kwargs)
+    refusal = hybrid_refusal(types, disaggregation_mode)
+    if refusal:
+        raise ValueError(f"{HYBRID_REJECTED}; basin_engine_ext accepts hybrid (Mamba) state except {refusal}")
+    args.state_types = [state for state in types if state != StateType.MAMBA]
+    try:
+        return original(manager, args, disaggregation_mode, *rest, **kwargs)
+    finally:
+        args.state_types = types
+
+
+def _hybrid_deferral(manager: Any, types: Any) -> bool:
+    from sglang.srt.disaggregation.common.conn import StateType
+    from sglang.srt.disaggregation.nixl.conn import NixlKVManager
+    from sglang.srt.runtime_context import get_disagg
+
+    return (
+        isinstance(manager, NixlKVManager)
+        and get_disagg().disaggregation_decode_allocation_policy == "prefill_complete"
+        and bool(types)
+        and StateType.MAMBA in types
+    )
+
+
+def hybrid_refusal(types: Any, disaggregation_mode: Any) -> str | None:
+    """Why a hybrid configuration stays rejected under prefill_complete (None: it is accepted)."""
+    from sglang.srt.disaggregation.common.conn import StateType
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+    from sglang.srt.runtime_context import get_disagg, get_exec, get_memory
+
+    others = sorted(str(state) for state in set(types) if state != StateType.MAMBA)
+    if others:
+        return f"beside other state types ({', '.join(others)}): only plain Mamba state was traced"
+    if (
+        disaggregation_mode == DisaggregationMode.DECODE
+        and get_disagg().disaggregation_decode_enable_radix_cache
+    ):
+        return (
+            "with the decode radix cache: decode's copy-on-write Mamba match at allocation "
+            "(cow_mamba in pop_preallocated) was not traced"
+        )
+    if disaggregation_mode != DisaggregationMode.PREFILL:
+        return None
+    mamba = get_exec().mamba
+    if mamba.enable_mamba_extra_buffer:
+        return (
+            "with the Mamba extra buffer (--mamba-radix-cache-strategy extra_buffer*): the pending "
+            "checkpoint donates the request's ping-pong tracking slot to the tree and the parked request "
+            "keeps 1 + tracking slots until decode reserves; not traced"
+        )
+    if getattr(mamba, "enable_int8_mamba_checkpoint", False):
+        return "with int8 Mamba checkpoints: the tree's int8 checkpoint pool was not traced"
+    if get_memory().enable_hierarchical_cache:
+        return (
+            "with HiCache on prefill: write-through keeps pending KV unpublished through "
+            "advance_unpublished_req, which asserts a tree without Mamba; write-back's Mamba host pool "
+            "was not traced"
+        )
+    return None

@@ -115,6 +115,16 @@ def plugin_loaded() -> None:
     load_plugins()
 
 
+@pytest.fixture(scope="session")
+def single_rank_group() -> None:
+    """SGLang all-reduces poll states over the attention groups (the default group when a scheduler has
+    none); one gloo rank here."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+
+
 class DecodeKV:
     """A decode instance's real SGLang memory on CPU: KV pool, paged allocator, request rows and the
     UnifiedRadixCache SGLang builds when the decode radix cache is off (`radix=True`: the enabled tree

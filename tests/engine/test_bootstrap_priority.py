@@ -3,25 +3,11 @@ real requests with SGLang's fake-backend KV senders, a real metadata-buffer allo
 
 from __future__ import annotations
 
-import socket
 from types import SimpleNamespace
 
 import pytest
 
 pytestmark = pytest.mark.engine
-
-
-@pytest.fixture(scope="module")
-def single_rank_group():
-    """pop_bootstrapped all-reduces poll states over the attention groups; one gloo rank here."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield None
 
 
 def make_queue(priorities: list[int | None], buffers: int, low_values_first: bool):
