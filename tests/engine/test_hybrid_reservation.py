@@ -404,3 +404,174 @@ def test_hybrid_state_beside_other_state_types_stays_refused(plugin_loaded) -> N
     assert hybrid_refusal([StateType.MAMBA], DisaggregationMode.DECODE) is None
     why = hybrid_refusal([StateType.MAMBA, StateType.SWA], DisaggregationMode.DECODE)
     assert why is not None and "other state types" in why
+
+
+# -------------------------------------------------------------------------------------------- decode
+class ScriptedReceiver:
+    """Stand-in for the NIXL KV receiver: reports `state` when polled (Bootstrapping until prefill has
+    reported completion under prefill_complete); records the destination SGLang sends to prefill."""
+
+    def __init__(self, state) -> None:
+        self.state = state
+        self.metadata: list[dict] = []
+        self.require_staging = False
+
+    def poll(self):
+        return self.state
+
+    def send_metadata(self, page_indices, metadata_buffer_index, state_indices=None, **kwargs) -> None:
+        self.metadata.append({"pages": list(page_indices), "state": state_indices, **kwargs})
+
+    def failure_exception(self):
+        raise RuntimeError("bootstrap timed out")
+
+    def clear(self) -> None:
+        pass
+
+
+def prealloc_queue(kv):
+    """SGLang's decode prealloc queue (its constructor builds a KV manager) over the real hybrid pools."""
+    from sglang.srt.disaggregation.common.conn import StateType
+    from sglang.srt.disaggregation.decode import DecodePreallocQueue
+    from sglang.srt.disaggregation.utils import ReqToMetadataIdxAllocator
+
+    q = object.__new__(DecodePreallocQueue)
+    q.req_to_token_pool = kv.req_to_token
+    q.token_to_kv_pool_allocator = kv.allocator
+    q.token_to_kv_pool = kv.pool
+    q.tree_cache = kv.tree
+    q.queue = []
+    q.pending_reqs = []
+    q.retracted_queue = []
+    q._prefill_dp_rank_queries = {}
+    q._num_published_destinations = 0
+    q.pp_size = 1
+    q.gloo_group = None
+    q.num_reserved_decode_tokens = 8
+    q.scheduler_stage_metrics = None
+    q.req_to_metadata_buffer_idx_allocator = ReqToMetadataIdxAllocator(4)
+    q.kv_manager = SimpleNamespace(kv_args=SimpleNamespace(state_types=[StateType.MAMBA]))
+    q.transfer_queue = SimpleNamespace(queue=[], enable_staging=False)
+    q.scheduler = SimpleNamespace(
+        running_batch=SimpleNamespace(reqs=[]), waiting_queue=[], last_batch=None, enable_hisparse=False,
+        enable_priority_scheduling=False, enable_lora=False, enable_decode_hicache=False,
+        output_streamer=SimpleNamespace(stream_output=lambda *a, **k: None),
+        metrics_reporter=SimpleNamespace(enable_metrics=False),
+    )  # fmt: skip
+    return q
+
+
+@pytest.fixture
+def decode_kv_hybrid(plugin_loaded):
+    from conftest import HybridDecodeKV
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    kv = HybridDecodeKV(requests=2)
+    args = ServerArgs(
+        model_path="dummy", page_size=4, disaggregation_mode="decode",
+        disaggregation_transfer_backend="nixl", disaggregation_decode_allocation_policy="prefill_complete",
+    )  # fmt: skip
+    args._mamba_cache_chunk_size = 64
+    set_global_server_args_for_scheduler(args)
+    return kv
+
+
+def decode_request(rid: str, prompt: list[int], state):
+    from sglang.srt.disaggregation.decode import DecodeRequest
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    req = Req(rid=rid, origin_input_text="", origin_input_ids=array("q", prompt),
+              sampling_params=SamplingParams(max_new_tokens=8))  # fmt: skip
+    return DecodeRequest(req=req, kv_receiver=ScriptedReceiver(state))
+
+
+def test_decode_reserves_a_hybrid_request_only_when_prefill_completes_and_a_slot_is_free(
+    single_rank_group, decode_kv_hybrid
+) -> None:
+    """SGLang's real `pop_preallocated` under prefill_complete: while prefill computes, the request holds
+    no row, page or Mamba slot; when prefill reports completion it is admitted only if
+    `ensure_mamba_capacity` finds a slot; then row, pages and slot are taken together and the slot's
+    index goes to prefill as the MAMBA destination."""
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    kv = decode_kv_hybrid
+    q = prealloc_queue(kv)
+    slots = kv.req_to_token.mamba_allocator
+    free_slots, free_pages, free_rows = slots.available_size(), kv.allocator.available_size(), 2
+    dreq = decode_request("d0", list(range(10)), KVPoll.Bootstrapping)
+    q.queue = [dreq]
+
+    assert q.pop_preallocated() == ([], [])  # prefill still computing: nothing reserved
+    assert not dreq.waiting_for_input and not dreq.req.kv.holds_mamba
+    assert slots.available_size() == free_slots and kv.allocator.available_size() == free_pages
+    assert kv.req_to_token.available_size() == free_rows
+
+    running = slots.alloc(free_slots)  # running requests hold every Mamba slot
+    dreq.kv_receiver.state = KVPoll.WaitingForInput  # prefill reported completion
+    assert q.pop_preallocated() == ([], [])  # ensure_mamba_capacity refuses: no slot
+    assert dreq.waiting_for_input and q.queue == [dreq] and dreq.kv_receiver.metadata == []
+    assert kv.req_to_token.available_size() == free_rows and kv.allocator.available_size() == free_pages
+
+    slots.free(running[:1])  # one running request finished
+    popped, failed = q.pop_preallocated()
+    assert popped == [dreq] and failed == []
+    (sent,) = dreq.kv_receiver.metadata
+    slot = int(dreq.req.kv.mamba_pool_idx)
+    assert [int(x) for x in sent["state"][0]] == [slot]  # the MAMBA destination: the request's slot
+    assert sent["decode_prefix_len"] == 0 and len(sent["pages"]) == 3  # ten tokens: three pages of 4
+    assert slots.available_size() == 0 and kv.req_to_token.available_size() == free_rows - 1
+
+
+def test_a_deferred_decode_request_that_fails_before_reserving_holds_nothing(
+    single_rank_group, decode_kv_hybrid
+) -> None:
+    """Prefill's deferred bootstrap timed out (decode's receiver reports Failed) before decode reserved:
+    SGLang aborts the request and nothing, Mamba slot included, is held."""
+    from sglang.srt.disaggregation.base.conn import KVPoll
+    from sglang.srt.runtime_context import get_parallel
+
+    kv = decode_kv_hybrid
+    q = prealloc_queue(kv)
+    slots = kv.req_to_token.mamba_allocator
+    free_slots, free_pages = slots.available_size(), kv.allocator.available_size()
+    dreq = decode_request("d0", list(range(10)), KVPoll.Bootstrapping)
+    q.queue = [dreq]
+    assert q.pop_preallocated() == ([], [])
+    dreq.kv_receiver.state = KVPoll.Failed
+    with get_parallel().override(tp_rank=0):
+        q.tp_rank = 0
+        popped, failed = q.pop_preallocated()  # aborted by the handshake poll, dropped in the same pass
+    assert popped == [] and failed == [dreq] and q.queue == []
+    assert not dreq.req.kv.holds_mamba and not dreq.req.kv.holds_kv
+    assert slots.available_size() == free_slots and kv.allocator.available_size() == free_pages
+
+
+def test_a_lent_unit_state_makes_room_for_a_deferred_hybrid_request(
+    single_rank_group, decode_kv_hybrid
+) -> None:
+    """With Basin's lending on: every Mamba slot is held, one by a lent unit; when prefill reports
+    completion, SGLang's `ensure_mamba_capacity` (through the plugin's hook) reclaims the unit and the
+    request is reserved in the same pass."""
+    from sglang.srt.disaggregation.base.conn import KVPoll
+    from sglang.srt.mem_cache.common import release_kv_cache
+    from test_hybrid_lending import hybrid_lender, mark, prebuild
+
+    kv = decode_kv_hybrid
+    q = prealloc_queue(kv)
+    lender, _ = hybrid_lender(kv, adopt_headroom=0.0, reclaim_headroom=0.0)
+    done = kv.transferred_request("r0", list(range(8)), custom_params=mark("s0"))
+    prebuild(kv, [done])
+    kv.finish(done)
+    release_kv_cache(done, kv.tree, checkpoint=False)
+    assert lender.store.lent_states == 1
+    slots = kv.req_to_token.mamba_allocator
+    slots.alloc(slots.available_size())  # running requests hold the rest
+    assert slots.available_size() == 0
+
+    dreq = decode_request("d0", list(range(10)), KVPoll.WaitingForInput)
+    q.queue = [dreq]
+    popped, _ = q.pop_preallocated()
+    assert popped == [dreq] and len(lender.store) == 0
+    (sent,) = dreq.kv_receiver.metadata
+    assert [int(x) for x in sent["state"][0]] == [int(dreq.req.kv.mamba_pool_idx)]
