@@ -26,8 +26,11 @@ but DSA under prefill_complete; the deferral itself treats a Mamba slot as it tr
   arrives, `handle_pending_bootstrap` checkpoints again (the state is already in the tree: the new copy
   is freed) and the last-chunk send reads the state payload from the request's own slot
   (`req_index_to_mamba_index_mapping`), still the prompt-end state; at transfer success the finished
-  request's release hands that slot to the tree; a bootstrap failure or timeout
-  (`handle_bootstrap_failure`) releases without a checkpoint, which frees it;
+  request's release leaves one state for the prompt in the tree and frees the other slot; a bootstrap
+  failure or timeout (`handle_bootstrap_failure`) releases without a checkpoint, which frees the
+  request's slot and unlocks the tree's copy. Prefill rows are capped at a third of the Mamba slots
+  with a tree (SGLang's ratio 3), so parked requests (own slot plus a locked copy each) leave the
+  slot a checkpoint's copy needs;
 - decode: nothing is allocated until prefill reports completion; then `pop_preallocated` runs the same
   allocation as without deferral (`ensure_mamba_capacity`, then the row and its slot together, the slot
   index sent as the MAMBA destination).

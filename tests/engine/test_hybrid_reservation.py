@@ -36,9 +36,10 @@ class HybridPrefillKV:
     """A hybrid prefill instance's real SGLang memory: `HybridReqToTokenPool` with `slots_per_row`
     Mamba slots per request row (SGLang sizes a tree-backed hybrid pool at three per running request),
     the `HybridLinearKVPool` over it, a page-1 allocator (SGLang's MAMBA component without the extra
-    buffer needs page 1) and the enabled `UnifiedRadixCache` with FULL and MAMBA components."""
+    buffer needs page 1) and the `UnifiedRadixCache` with FULL and MAMBA components (enabled, as by
+    default, or disabled by --disable-radix-cache, where SGLang sizes one slot per request)."""
 
-    def __init__(self, rows: int = 2, slots_per_row: int = 3, tokens: int = 256) -> None:
+    def __init__(self, rows: int = 2, slots_per_row: int = 3, tokens: int = 256, radix: bool = True) -> None:
         from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
         from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -76,7 +77,8 @@ class HybridPrefillKV:
         )
         self.tree = UnifiedRadixCache(
             CacheInitParams(
-                disable=False, req_to_token_pool=self.req_to_token, token_to_kv_pool_allocator=self.allocator,
+                disable=not radix, req_to_token_pool=self.req_to_token,
+                token_to_kv_pool_allocator=self.allocator,
                 page_size=1, tree_components=(ComponentType.FULL, ComponentType.MAMBA),
             )
         )  # fmt: skip
@@ -248,17 +250,19 @@ def prefill_kv(plugin_loaded) -> HybridPrefillKV:
     return HybridPrefillKV()
 
 
+@pytest.mark.parametrize("radix", [True, False], ids=["tree", "no-tree"])
 def test_parked_hybrid_request_sends_its_prompt_end_state_once_decode_reserves(
-    single_rank_group, prefill_kv
+    single_rank_group, plugin_loaded, radix
 ) -> None:
     """Two requests prefilled before decode reserved: nothing is sent, each keeps its row, pages and
-    Mamba slot (its state untouched, the tree holding a locked copy) while parked; when decode's
+    Mamba slot (its state untouched; an enabled tree holds a locked copy) while parked; when decode's
     destination arrives SGLang checkpoints again and sends, and the state payload is the request's own
-    slot holding the prompt-end state; at transfer success the slot goes to the tree and every slot
-    is accounted for."""
+    slot holding the prompt-end state; at transfer success the release leaves one state per prompt in
+    an enabled tree, frees the rest, and every slot is accounted for."""
     from sglang.srt.disaggregation.base.conn import KVPoll
 
-    kv = prefill_kv
+    kv = HybridPrefillKV(slots_per_row=3 if radix else 1, radix=radix)
+    tree_states = 2 if radix else 0  # an enabled tree keeps a state per prompt
     s = prefill_scheduler(kv)
     prompts = [list(range(100, 110)), list(range(200, 213))]
     reqs, states = [], []
@@ -275,13 +279,13 @@ def test_parked_hybrid_request_sends_its_prompt_end_state_once_decode_reserves(
         assert req.disagg_kv_sender.completed == 1  # decode told prefill is complete
         assert req.disagg_kv_sender.sends == []  # decode has not reserved: nothing sent
         assert int(req.kv.mamba_pool_idx) == slot and same(kv.state(slot), state)
-        assert tree_len(kv, prompt) == len(prompt)  # the checkpoint put a copy in the tree
-    assert kv.used_slots() == 4  # each request: its own slot and the tree's locked copy
+        assert tree_len(kv, prompt) == (len(prompt) if radix else 0)  # the checkpoint's copy
+    assert kv.used_slots() == 2 + tree_states  # each request's own slot (and the tree's locked copy)
 
     for _ in range(3):  # parked across scheduler iterations, under eviction pressure
         assert s.process_disagg_prefill_inflight_queue() == []
         drain(kv)
-    assert kv.used_slots() == 4
+    assert kv.used_slots() == 2 + tree_states
     for req, state, slot in zip(reqs, states, own, strict=True):
         assert req.pending_bootstrap and same(kv.state(slot), state)
 
@@ -292,14 +296,14 @@ def test_parked_hybrid_request_sends_its_prompt_end_state_once_decode_reserves(
         (send,) = req.disagg_kv_sender.sends
         assert send["slot"] == slot and same(send["state"], state)  # the payload: the prompt-end state
         assert not req.pending_bootstrap
-    assert kv.used_slots() == 4  # the second checkpoint's copy was not kept (the tree has the state)
+    assert kv.used_slots() == 2 + tree_states  # a second copy was not kept (the tree has the state)
 
     for req in reqs:
         req.disagg_kv_sender.state = KVPoll.Success
     assert s.process_disagg_prefill_inflight_queue() == reqs
     for req in reqs:
         assert req.kv.mamba_pool_idx is None and req.kv.is_kv_released
-    assert kv.used_slots() == 2  # the tree's states, now unlocked
+    assert kv.used_slots() == tree_states  # the tree's states, now unlocked
     drain(kv)
     assert kv.used_slots() == 0 and kv.allocator.available_size() == kv.allocator.size
 
