@@ -151,16 +151,18 @@ def init_kv_manager_allowing_hybrid(
 
 
 def _hybrid_deferral(manager: Any, types: Any) -> bool:
+    """A NIXL manager under prefill_complete whose KV args carry Mamba state (NIXL's module is imported
+    only then, so other backends' deployments never load it)."""
     from sglang.srt.disaggregation.common.conn import StateType
-    from sglang.srt.disaggregation.nixl.conn import NixlKVManager
     from sglang.srt.runtime_context import get_disagg
 
-    return (
-        isinstance(manager, NixlKVManager)
-        and get_disagg().disaggregation_decode_allocation_policy == "prefill_complete"
-        and bool(types)
-        and StateType.MAMBA in types
-    )
+    if get_disagg().disaggregation_decode_allocation_policy != "prefill_complete":
+        return False
+    if not types or StateType.MAMBA not in types:
+        return False
+    from sglang.srt.disaggregation.nixl.conn import NixlKVManager
+
+    return isinstance(manager, NixlKVManager)
 
 
 def hybrid_refusal(types: Any, disaggregation_mode: Any) -> str | None:
