@@ -103,6 +103,25 @@ def stalled_decode():
     decode.close()
 
 
+def admission_pass(scheduler, running_batch):
+    """What SGLang's `_get_new_batch_prefill_raw` does with the waiting queue, minus batch building:
+    match each request's prefix (a hybrid tree: with copy-on-write of the matched state) and admit it
+    with SGLang's `PrefillAdder`, at the tree's page size."""
+    from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
+
+    tree = scheduler.tree_cache
+    adder = PrefillAdder(
+        tree.page_size, tree, scheduler.token_to_kv_pool_allocator, running_batch, 0.5, 4096, None
+    )
+    for req in scheduler.waiting_queue:
+        req.init_next_round_input(tree)
+        if adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None) != AddReqResult.CONTINUE:
+            break
+    admitted = list(adder.can_run_list)
+    scheduler.waiting_queue = [r for r in scheduler.waiting_queue if r not in admitted]
+    return admitted
+
+
 @pytest.fixture(scope="session")
 def plugin_loaded() -> None:
     """Load plugins through SGLang's own loader, as every engine process does (hooks stay applied for

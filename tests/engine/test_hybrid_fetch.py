@@ -28,7 +28,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import HybridDecodeKV, Peer
+from conftest import HybridDecodeKV, Peer, admission_pass
 from prometheus_client import CollectorRegistry
 from test_prefill_fetch import METRIC_LABELS, prefill_request, sent_to
 from unit_peer import (
@@ -67,23 +67,6 @@ def stalled_hybrid_decode():
     decode = Peer("hybrid-stall")
     yield decode
     decode.close()
-
-
-def admission_pass(scheduler, running_batch):
-    """SGLang's `_get_new_batch_prefill_raw` on the waiting queue, minus batch building: match each
-    request (hybrid tree: with copy-on-write of the matched state) and admit it with `PrefillAdder`."""
-    from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
-
-    adder = PrefillAdder(
-        1, scheduler.tree_cache, scheduler.token_to_kv_pool_allocator, running_batch, 0.5, 4096, None
-    )
-    for req in scheduler.waiting_queue:
-        req.init_next_round_input(scheduler.tree_cache)
-        if adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None) != AddReqResult.CONTINUE:
-            break
-    admitted = list(adder.can_run_list)
-    scheduler.waiting_queue = [r for r in scheduler.waiting_queue if r not in admitted]
-    return admitted
 
 
 class HybridPrefill:

@@ -34,6 +34,18 @@ def prebuild(kv, reqs: list) -> None:
     batch.process_prebuilt(FutureMap(torch.device("cpu"), spec, kv.req_to_token))
 
 
+def lend(kv, rid: str, prompt: list[int], session: str):
+    """A marked request through transfer, SGLang's first-step seeding and its release: the lender keeps
+    the prompt (pages and state) as the session's unit when its rules allow."""
+    from sglang.srt.mem_cache.common import release_kv_cache
+
+    req = kv.transferred_request(rid, prompt, custom_params=mark(session))
+    prebuild(kv, [req])
+    kv.finish(req)
+    release_kv_cache(req, kv.tree, checkpoint=False)
+    return req
+
+
 def hybrid_lender(kv, **cfg):
     from types import SimpleNamespace
 
@@ -129,15 +141,11 @@ def test_mamba_shortfall_reclaims_unit_states_before_sglang_gives_up(plugin_load
     slot; the plugin frees a lent unit's state slot (and its pages) so the request is admitted."""
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.mem_cache import allocation
-    from sglang.srt.mem_cache.common import release_kv_cache
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     kv = hybrid_kv
     lender, _ = hybrid_lender(kv, adopt_headroom=0.0, reclaim_headroom=0.0)
-    req = kv.transferred_request("r0", list(range(8)), custom_params=mark("s0"))
-    prebuild(kv, [req])
-    kv.finish(req)
-    release_kv_cache(req, kv.tree, checkpoint=False)
+    lend(kv, "r0", list(range(8)), "s0")
     assert lender.store.lent_states == 1
     busy = kv.req_to_token.mamba_allocator.alloc(kv.req_to_token.mamba_allocator.available_size())
     assert busy is not None  # running requests hold every other slot
@@ -150,17 +158,15 @@ def test_mamba_shortfall_reclaims_unit_states_before_sglang_gives_up(plugin_load
 
 
 def test_sglang_mamba_pool_check_accounts_for_lent_states(plugin_loaded, hybrid_kv) -> None:
+    import dataclasses
     from types import SimpleNamespace
 
     from sglang.srt.managers.scheduler_components.invariant_checker import SchedulerInvariantChecker
-    from sglang.srt.mem_cache.common import release_kv_cache
+    from sglang.srt.managers.scheduler_components.pool_stats_observer import PoolStats
 
     kv = hybrid_kv
     lender, _ = hybrid_lender(kv)
-    req = kv.transferred_request("r0", list(range(8)), custom_params=mark("s0"))
-    prebuild(kv, [req])
-    kv.finish(req)
-    release_kv_cache(req, kv.tree, checkpoint=False)
+    lend(kv, "r0", list(range(8)), "s0")
     assert lender.store.lent_states == 1
 
     checker = object.__new__(SchedulerInvariantChecker)
@@ -168,15 +174,8 @@ def test_sglang_mamba_pool_check_accounts_for_lent_states(plugin_loaded, hybrid_
     checker.tree_cache = kv.tree
     checker.token_to_kv_pool_allocator = kv.allocator
     checker.pool_stats_observer = SimpleNamespace(session_held_mamba_slots=lambda: 0)
-    stats = SimpleNamespace(
-        mamba_available_size=kv.req_to_token.mamba_allocator.available_size(), mamba_evictable_size=0
-    )
-    import dataclasses
-
-    from sglang.srt.managers.scheduler_components.pool_stats_observer import PoolStats
-
     fields = {f.name: 0 for f in dataclasses.fields(PoolStats)}
-    stats = PoolStats(**{**fields, "mamba_available_size": stats.mamba_available_size})
+    stats = PoolStats(**{**fields, "mamba_available_size": kv.req_to_token.mamba_allocator.available_size()})
     leak, msg = SchedulerInvariantChecker._check_mamba_pool.__wrapped__(checker, stats)
     assert leak, msg  # SGLang alone sees the unit's slot missing
     leak, msg = checker._check_mamba_pool(stats)
@@ -184,14 +183,10 @@ def test_sglang_mamba_pool_check_accounts_for_lent_states(plugin_loaded, hybrid_
 
 
 def test_a_flush_forgets_units_and_their_states(plugin_loaded, hybrid_kv) -> None:
-    from sglang.srt.mem_cache.common import release_kv_cache
 
     kv = hybrid_kv
     lender, _ = hybrid_lender(kv)
-    req = kv.transferred_request("r0", list(range(8)), custom_params=mark("s0"))
-    prebuild(kv, [req])
-    kv.finish(req)
-    release_kv_cache(req, kv.tree, checkpoint=False)
+    lend(kv, "r0", list(range(8)), "s0")
     kv.req_to_token.clear()  # SGLang's flush_cache: request pool (every Mamba slot) first,
     kv.allocator.clear()  # then the KV allocator
     assert len(lender.store) == 0 and lender.store.lent_states == 0
@@ -227,16 +222,12 @@ def test_lender_stays_off_on_mla_hybrid_pools(plugin_loaded, hybrid_kv) -> None:
 def test_a_hybrid_unit_is_fetched_only_up_to_exactly_its_state(plugin_loaded, hybrid_kv) -> None:
     """A recurrent state is valid at one prompt position: decode plans a fetch of a hybrid unit only when
     it ends exactly where the unit's state was taken (its whole prompt, a whole number of pages)."""
-    from sglang.srt.mem_cache.common import release_kv_cache
 
     kv = hybrid_kv
     lender, _ = hybrid_lender(kv)
     aligned, ragged = list(range(100, 108)), list(range(200, 210))  # 8 tokens; 10 tokens (8 in pages)
     for session, prompt in (("s1", aligned), ("s2", ragged)):
-        req = kv.transferred_request(session, prompt, custom_params=mark(session))
-        prebuild(kv, [req])
-        kv.finish(req)
-        release_kv_cache(req, kv.tree, checkpoint=False)
+        lend(kv, session, prompt, session)
     unit = lender.store.get("s1")
     assert (unit.tokens, unit.state_tokens) == (8, 8)
     plan = lender.plan_fetch("s1", aligned, local_match=4)

@@ -558,16 +558,12 @@ def test_a_lent_unit_state_makes_room_for_a_deferred_hybrid_request(
     completion, SGLang's `ensure_mamba_capacity` (through the plugin's hook) reclaims the unit and the
     request is reserved in the same pass."""
     from sglang.srt.disaggregation.base.conn import KVPoll
-    from sglang.srt.mem_cache.common import release_kv_cache
-    from test_hybrid_lending import hybrid_lender, mark, prebuild
+    from test_hybrid_lending import hybrid_lender, lend
 
     kv = decode_kv_hybrid
     q = prealloc_queue(kv)
     lender, _ = hybrid_lender(kv, adopt_headroom=0.0, reclaim_headroom=0.0)
-    done = kv.transferred_request("r0", list(range(8)), custom_params=mark("s0"))
-    prebuild(kv, [done])
-    kv.finish(done)
-    release_kv_cache(done, kv.tree, checkpoint=False)
+    lend(kv, "r0", list(range(8)), "s0")
     assert lender.store.lent_states == 1
     slots = kv.req_to_token.mamba_allocator
     slots.alloc(slots.available_size())  # running requests hold the rest

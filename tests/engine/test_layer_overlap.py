@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import admission_pass
 
 from basin_engine_ext import hooks, overlap
 from basin_engine_ext.layer_wait import READY, LayerGroupFlags
@@ -166,7 +167,7 @@ def allocate_extend(prefill, req) -> torch.Tensor:
 
 
 def test_a_fetch_failing_mid_forward_sends_the_request_to_recompute(overlap_hooks, stalled_decode) -> None:
-    from test_prefill_fetch import LOCAL, MARK, admission_pass, prefill_request
+    from test_prefill_fetch import LOCAL, MARK, prefill_request
     from unit_peer import PROMPT
 
     prefill = overlap_prefill(stalled_decode, timeout_s=1.0)
@@ -225,7 +226,7 @@ def test_a_completed_fetch_leaves_its_pages_to_sglangs_own_release(overlap_hooks
     the whole prompt in the tree with exactly those pages."""
     from sglang.srt.managers.schedule_batch import FINISH_LENGTH
     from sglang.srt.mem_cache.common import release_kv_cache
-    from test_prefill_fetch import MARK, admission_pass, prefill_request
+    from test_prefill_fetch import MARK, prefill_request
     from unit_peer import PROMPT
 
     prefill = overlap_prefill(serving_decode, timeout_s=20)

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 import zmq
-from conftest import PAGE, DecodeKV, Peer
+from conftest import DecodeKV, Peer, admission_pass
 from prometheus_client import CollectorRegistry
 from unit_peer import LAYERS, PROMPT, SESSION, unit_values
 
@@ -63,23 +63,6 @@ def sent_to(req, endpoint: str) -> None:
     req.disagg_kv_sender = SimpleNamespace(
         kv_mgr=SimpleNamespace(transfer_infos={req.bootstrap_room: {"d": info}})
     )
-
-
-def admission_pass(scheduler, running_batch):
-    """What SGLang's `_get_new_batch_prefill_raw` does with the waiting queue, minus batch building:
-    match each request's prefix and admit it with SGLang's `PrefillAdder`."""
-    from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
-
-    adder = PrefillAdder(
-        PAGE, scheduler.tree_cache, scheduler.token_to_kv_pool_allocator, running_batch, 0.5, 4096, None
-    )
-    for req in scheduler.waiting_queue:
-        req.init_next_round_input(scheduler.tree_cache)
-        if adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None) != AddReqResult.CONTINUE:
-            break
-    admitted = list(adder.can_run_list)
-    scheduler.waiting_queue = [r for r in scheduler.waiting_queue if r not in admitted]
-    return admitted
 
 
 class Prefill:
