@@ -7,10 +7,14 @@ different hash seeds in a scenario where every baseline pauses, parks or pins se
 import json
 import os
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from basin.policy import POLICIES
+
+BASIN = str(Path(sys.executable).with_name("basin"))  # the checkout under test, never a `basin` on PATH
 
 # 1P3D with tool time x3 and a x5 surge: warm sessions all arrive at time 0 (ties), controls engage.
 ARGS = [
@@ -22,7 +26,7 @@ ARGS = [
 def simulate(policy: str, hash_seed: str) -> dict:
     env = dict(os.environ, PYTHONHASHSEED=hash_seed)
     out = subprocess.run(
-        ["basin", "simulate", "--policy", policy, *ARGS], env=env, capture_output=True, text=True, check=True
+        [BASIN, "simulate", "--policy", policy, *ARGS], env=env, capture_output=True, text=True, check=True
     )
     result = json.loads(out.stdout)
     result.pop("wall_seconds")
