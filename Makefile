@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-engine lint venv clean crds
+.PHONY: demo test test-engine lint venv clean crds system-deps
 
 $(BIN)/basin: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,9 +25,21 @@ demo: venv
 lint: venv
 	$(BIN)/ruff check .
 
-test: lint
-	$(BIN)/python -m pytest -m "not engine"
-	$(MAKE) test-engine
+# Servers the service tests start themselves, on free ports: Debian's redis-server and prometheus
+# (installed with apt when missing, so a fresh machine needs root).
+SYSTEM_COMMANDS := redis-server prometheus
+
+system-deps:
+	@missing=""; for c in $(SYSTEM_COMMANDS); do command -v $$c >/dev/null || missing="$$missing $$c"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing$$missing with apt (the service tests start them)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+# Both suites always run, so one failing does not hide the other's result; the exit status is theirs.
+test: lint system-deps
+	status=0; $(BIN)/python -m pytest -m "not engine" || status=$$?; \
+	$(MAKE) test-engine || status=1; exit $$status
 
 # Engine-extension tests run against SGLang's own classes in a CPU venv cached outside the repository
 # (built once per machine by engine_ext/make-venv.sh); the checkout is installed into it without
