@@ -21,7 +21,10 @@ VOCAB_SIZE = 32_000
 FIRST_ID = 100  # below: special tokens in most vocabularies
 _MEMO_LIMIT = 1 << 20
 
-_ids: dict[str, int] = {}
+_WORDS = [f"w{i}" for i in range(VOCAB_SIZE)]  # the spelling of every id, so decode is one join
+# Every vocabulary word is known up front, so encoding text made by `decode` is one lookup per word;
+# other words are memoized as they are met (up to a bound).
+_ids: dict[str, int] = {_WORDS[i]: i for i in range(FIRST_ID, VOCAB_SIZE)}
 
 
 def _word_id(word: str) -> int:
@@ -34,21 +37,26 @@ def _word_id(word: str) -> int:
 
 def encode(text: str) -> list[int]:
     """Token ids of `text`, one per whitespace-separated word."""
-    ids = _ids
+    words = text.split()
+    try:
+        return [_ids[word] for word in words]  # the common case: text a client made with `decode`
+    except KeyError:
+        pass
     out = []
-    for word in text.split():
-        value = ids.get(word)
+    for word in words:
+        value = _ids.get(word)
         if value is None:
             value = _word_id(word)
-            if len(ids) < _MEMO_LIMIT:
-                ids[word] = value
+            if len(_ids) < _MEMO_LIMIT:
+                _ids[word] = value
         out.append(value)
     return out
 
 
 def decode(ids: Sequence[int]) -> str:
     """Text whose `encode` gives back `ids` (for ids in the vocabulary)."""
-    return " ".join(f"w{i}" for i in ids)
+    words = _WORDS
+    return " ".join([words[i] if 0 <= i < VOCAB_SIZE else f"w{i}" for i in ids])
 
 
 def common_prefix(a: Iterable[int], b: Iterable[int]) -> int:
