@@ -144,6 +144,11 @@ def _schedule(
     )
 
 
+def _warn(message: str) -> None:
+    """A warning on stderr: the run goes on, but its figures may not mean what they seem to."""
+    click.echo(f"warning: {message}", err=True)
+
+
 def _console():  # type: ignore[no-untyped-def]
     """Rich console; wide when piped, so tables in logs and CI keep one line per row."""
     from rich.console import Console
@@ -487,9 +492,8 @@ def emulate(
 @click.option(
     "--time-scale",
     type=float,
-    default=1.0,
-    show_default=True,
-    help="Model seconds per wall second; match the emulator's --time-scale (1 for real deployments).",
+    default=None,
+    help="Model seconds per wall second. Default: the server's own (an emulator reports it), else 1.",
 )
 @click.option(
     "--api",
@@ -539,7 +543,7 @@ def replay(
     surge_minutes: float,
     post_surge_rate: float | None,
     duration_min: float,
-    time_scale: float,
+    time_scale: float | None,
     api: str,
     model: str,
     max_concurrency: int,
@@ -561,13 +565,13 @@ def replay(
     from basin.workload import load_workload
 
     try:
-        from basin_profiler.replay import Replay, ReplayConfig, server_cache_tokens
+        from basin_profiler.replay import CLIENT_LAG_SHARE, Replay, ReplayConfig, server_info
     except ImportError as error:
         raise BasinError(f"replay needs: pip install 'basin[profiler]' ({error})") from None
     parsed = urlparse(target)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
         raise BasinError(f"--target must be an http(s) URL, got {target!r}")
-    if time_scale <= 0:
+    if time_scale is not None and time_scale <= 0:
         raise BasinError(f"--time-scale must be positive, got {time_scale}")
     if max_concurrency < 1 or max_errors < 1:
         raise BasinError("--max-concurrency and --max-errors must be at least 1")
@@ -578,8 +582,16 @@ def replay(
         if path and path != "-":
             _writable(path)
     pool = load_workload(workload, seed, tool_time_scale, output_scale, sessions)
-    cache_tokens, server_gpu = asyncio.run(server_cache_tokens(target))
-    gpu = reference_gpu or (server_gpu if server_gpu in GPUS else "h200")
+    server = asyncio.run(server_info(target))
+    gpu = reference_gpu or (server.gpu if server.gpu in GPUS else "h200")
+    if time_scale is None:
+        time_scale = server.time_scale or 1.0
+    elif server.time_scale is not None and server.time_scale != time_scale:
+        _warn(
+            f"--time-scale {time_scale:g} differs from the server's {server.time_scale:g}: tool gaps and "
+            "every figure run at a different clock than the engine's (leave --time-scale out to take the "
+            "server's)"
+        )
     config = ReplayConfig(
         target=target,
         schedule=schedule,
@@ -590,7 +602,7 @@ def replay(
         max_concurrency=max_concurrency,
         max_errors=max_errors,
         model=model,
-        cache_tokens=cache_tokens,
+        cache_tokens=server.cache_tokens,
     )
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -642,6 +654,7 @@ def replay(
         "stopped_early": counts.stopped_early or None,
         "model_seconds": result.model_seconds,
         "wall_seconds": result.wall_seconds,
+        **result.client.to_dict(),
     }
     _report_run(
         payload,
@@ -656,8 +669,28 @@ def replay(
             ("parked answers (429)", str(counts.parked_answers)),
             ("errors (connection / failed)", f"{counts.connection_errors} / {counts.failed_requests}"),
             ("wall seconds", f"{result.wall_seconds:.1f}"),
+            (
+                "client loop lag mean / p90 (s)",
+                f"{result.client.lag_mean_model_s:.3f} / {result.client.lag_p90_model_s:.3f}",
+            ),
+            ("client CPU (cores)", f"{result.client.cpu_fraction:.2f}"),
         ],
     )
+    median_ttft = result.median_ttft_s
+    server_lag = asyncio.run(server_info(target)).loop_lag_mean_s
+    if server_lag is not None and server_lag * time_scale >= CLIENT_LAG_SHARE * median_ttft:
+        _warn(
+            f"the emulator measured itself: its event loop ran {server_lag * time_scale:.2f} s late on "
+            f"average (model time) against a median TTFT of {median_ttft:.2f} s; lower its --time-scale"
+            + (" or use --api sglang (no word tokenizing)" if api == "openai" else "")
+        )
+    if result.client.dominates(median_ttft):
+        hint = " (--api sglang sends token ids and skips word tokenizing)" if api == "openai" else ""
+        _warn(
+            f"the client measured itself: its event loop ran {result.client.lag_mean_model_s:.2f} s late on "
+            f"average (model time, CPU {result.client.cpu_fraction:.2f} cores) against a median TTFT of "
+            f"{median_ttft:.2f} s; lower --time-scale or the load, or run the client on another machine{hint}"
+        )
     for message in counts.first_errors:
         click.echo(f"error: {message}", err=True)
     if counts.stopped_early:
@@ -1040,6 +1073,11 @@ def predictor_evaluate(
     click.echo(f"  median |log error|         {result['median_abs_log_error']:.3f}")
 
 
+def _late_window_label(late_s: float, duration_s: float) -> str:
+    """What the late figures cover, in words: the final 30 minutes, or the whole of a shorter run."""
+    return "whole run" if late_s >= duration_s else f"last {late_s / 60:g} min"
+
+
 def _print_summary(payload: dict, title: str | None = None, extra: list[tuple[str, object]] = ()) -> None:  # type: ignore[assignment]
     from rich.table import Table
 
@@ -1050,14 +1088,15 @@ def _print_summary(payload: dict, title: str | None = None, extra: list[tuple[st
     )
     table.add_column("metric")
     table.add_column("value", justify="right")
+    late = _late_window_label(payload["late_window_s"], payload["duration_min"] * 60)
     rows = [
         ("state", f"{payload['label']} ({payload['label_reason']})"),
         ("goodput (sessions/h)", payload["goodput_sessions_per_h"]),
         ("completed fraction", payload["completed_fraction"]),
         ("shed fraction", payload["shed_fraction"]),
         ("hit rate before trigger", payload["hit_rate_pre"]),
-        ("hit rate, last 30 min", payload["hit_rate_late"]),
-        ("median TTFT, last 30 min (s)", payload["median_ttft_late_s"]),
+        (f"hit rate, {late}", payload["hit_rate_late"]),
+        (f"median TTFT, {late} (s)", payload["median_ttft_late_s"]),
         ("L_late (s)", payload["l_late_s"]),
         ("median slowdown", payload["median_slowdown"]),
         ("median first-call wait (s)", payload["median_first_call_wait_s"]),

@@ -22,6 +22,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from basin import __version__, tokens
+from basin.looplag import LoopLagProbe
 from basin.sim.deployments import PAGE_TOKENS, Deployment
 from basin_emulator.engine import LiveCall, LiveEngine
 from basin_emulator.metrics import EngineCollector
@@ -46,6 +47,7 @@ class EmulatorSettings:
 ENGINE_KEY = web.AppKey("engine", LiveEngine)
 SETTINGS_KEY = web.AppKey("settings", EmulatorSettings)
 REGISTRY_KEY = web.AppKey("registry", CollectorRegistry)
+LOOP_LAG_KEY = web.AppKey("loop_lag", LoopLagProbe)
 
 
 class BadRequest(Exception):
@@ -406,6 +408,10 @@ async def server_info(request: web.Request) -> web.Response:
             "schedule_low_priority_values_first": True,
             "lending": settings.lending,
             "time_scale": settings.time_scale,
+            # The emulator's own CPU work delays every answer by about this much (wall seconds, last
+            # ten minutes); at time scale S that is S times more in model time.
+            "loop_lag_mean_s": request.app[LOOP_LAG_KEY].mean(),
+            "loop_lag_p90_s": request.app[LOOP_LAG_KEY].quantile(0.9),
         }
     )
 
@@ -493,10 +499,13 @@ def create_app(settings: EmulatorSettings) -> web.Application:
     app.router.add_post("/abort_request", abort_request)
     app.router.add_get("/metrics", metrics)
 
+    app[LOOP_LAG_KEY] = LoopLagProbe()
+
     async def clock(app: web.Application) -> AsyncIterator[None]:
-        task = asyncio.create_task(engine.run_clock())
+        tasks = [asyncio.create_task(engine.run_clock()), asyncio.create_task(app[LOOP_LAG_KEY].run())]
         yield
-        task.cancel()
+        for task in tasks:
+            task.cancel()
 
     app.cleanup_ctx.append(clock)
     return app

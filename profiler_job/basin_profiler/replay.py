@@ -29,6 +29,7 @@ import orjson
 
 from basin import tokens
 from basin.evaluate import CallRecord, RunRecords, Sample, SessionRecord, Summary, summarize
+from basin.looplag import LoopLagProbe
 from basin.sim.costs import unloaded_session_seconds
 from basin.sim.deployments import GpuCalibration
 from basin.workload import Arrival, Session, poisson_arrivals
@@ -40,6 +41,9 @@ OUTCOME_HEADER = "X-Basin-Outcome"
 SAMPLE_INTERVAL_S = 10.0  # model seconds between samples of the client's state
 ITL_SLO_S = 0.050  # §7.1, as the simulator's
 DEFAULT_RETRY_AFTER_S = 1.0
+# The client's delay is said to dominate when its mean event-loop lag reaches this share of the
+# median TTFT it measured: every first token it dates is late by about that lag.
+CLIENT_LAG_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,40 @@ class ReplayCounts:
         return self.connection_errors + self.failed_requests
 
 
+@dataclass(frozen=True)
+class ClientLoad:
+    """The replay client's own cost: a busy client dates answers late and measures itself, not the server.
+
+    The event-loop lag is how late a timer fired (wall seconds); every response the client reads waits
+    about as long. Model seconds scale it by the time scale, as every other figure of the run."""
+
+    loop_lag_mean_s: float
+    loop_lag_p90_s: float
+    cpu_fraction: float  # the client process's CPU seconds per wall second (1.0: one core saturated)
+    time_scale: float
+
+    @property
+    def lag_mean_model_s(self) -> float:
+        return self.loop_lag_mean_s * self.time_scale
+
+    @property
+    def lag_p90_model_s(self) -> float:
+        return self.loop_lag_p90_s * self.time_scale
+
+    def dominates(self, median_ttft_s: float) -> bool:
+        """True when the client's lag is a large share of the TTFT it measured."""
+        if math.isnan(median_ttft_s):
+            return False
+        return self.lag_mean_model_s >= CLIENT_LAG_SHARE * median_ttft_s
+
+    def to_dict(self) -> dict[str, float]:
+        return {
+            "client_loop_lag_mean_model_s": self.lag_mean_model_s,
+            "client_loop_lag_p90_model_s": self.lag_p90_model_s,
+            "client_cpu_fraction": self.cpu_fraction,
+        }
+
+
 @dataclass
 class ReplayResult:
     summary: Summary
@@ -85,6 +123,13 @@ class ReplayResult:
     counts: ReplayCounts
     wall_seconds: float
     model_seconds: float
+    client: ClientLoad
+
+    @property
+    def median_ttft_s(self) -> float:
+        """Median TTFT over every answered call of the run (model seconds)."""
+        ttfts = [c.ttft_s for c in self.records.calls if c.ttft_s is not None]
+        return float(np.median(ttfts)) if ttfts else math.nan
 
 
 class _Answer:
@@ -130,6 +175,7 @@ class Replay:
         self._references: dict[str, float] = {}
         self._started = 0.0
         self._stop = asyncio.Event()
+        self._loop_lag = LoopLagProbe()
 
     # ------------------------------------------------------------------ clock
     def now(self) -> float:
@@ -148,18 +194,25 @@ class Replay:
         timeout = aiohttp.ClientTimeout(total=config.request_timeout_s)
         connector = aiohttp.TCPConnector(limit=config.max_concurrency)
         self._semaphore = asyncio.Semaphore(config.max_concurrency)
-        wall_start = time.perf_counter()
+        wall_start, cpu_start = time.perf_counter(), time.process_time()
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
             self._http = http
             self._started = time.monotonic()
             tasks = [asyncio.create_task(self._session(a)) for a in self.arrivals]
-            sampler = asyncio.create_task(self._sample())
+            helpers = [asyncio.create_task(self._sample()), asyncio.create_task(self._loop_lag.run())]
             end = self.records.duration_s
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), end / config.time_scale)
-            for task in [*tasks, sampler]:
+            for task in [*tasks, *helpers]:
                 task.cancel()
-            await asyncio.gather(*tasks, sampler, return_exceptions=True)
+            await asyncio.gather(*tasks, *helpers, return_exceptions=True)
+        wall = time.perf_counter() - wall_start
+        client = ClientLoad(
+            loop_lag_mean_s=self._loop_lag.mean(),
+            loop_lag_p90_s=self._loop_lag.quantile(0.9),
+            cpu_fraction=(time.process_time() - cpu_start) / wall if wall > 0 else 0.0,
+            time_scale=config.time_scale,
+        )
         model_seconds = min(self.now(), end)
         if self.counts.stopped_early:
             self.records.duration_s = model_seconds
@@ -167,8 +220,9 @@ class Replay:
             summarize(self.records),
             self.records,
             self.counts,
-            time.perf_counter() - wall_start,
+            wall,
             model_seconds,
+            client,
         )
 
     def stop(self, reason: str) -> None:
@@ -371,8 +425,18 @@ def _retry_after(value: str | None) -> float:
     return seconds if math.isfinite(seconds) and seconds >= 0 else DEFAULT_RETRY_AFTER_S
 
 
-async def server_cache_tokens(target: str) -> tuple[int, str | None]:
-    """The server's prefix cache in tokens and its GPU kind, when it says (the emulator does)."""
+@dataclass(frozen=True)
+class ServerInfo:
+    """What the server says of itself on `/get_server_info`, where it says it (the emulator does)."""
+
+    cache_tokens: int = 0  # the prefix cache in tokens (0: unknown)
+    gpu: str | None = None
+    time_scale: float | None = None  # model seconds per wall second of an emulator
+    loop_lag_mean_s: float | None = None  # an emulator's own event-loop lag (wall seconds)
+
+
+async def server_info(target: str) -> ServerInfo:
+    """Read `/get_server_info`; a server that does not answer it (or answers oddly) says nothing."""
     try:
         async with (
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http,
@@ -380,10 +444,17 @@ async def server_cache_tokens(target: str) -> tuple[int, str | None]:
         ):
             info = await response.json(content_type=None)
     except (aiohttp.ClientError, TimeoutError, ValueError):
-        return 0, None
+        return ServerInfo()
     if not isinstance(info, dict):
-        return 0, None
-    prefill = int(info.get("prefill_cache_tokens") or 0) * int(info.get("prefill_instances") or 1)
-    host = int(info.get("host_cache_tokens") or 0) * int(info.get("prefill_instances") or 1)
+        return ServerInfo()
+    try:
+        prefill = int(info.get("prefill_cache_tokens") or 0) * int(info.get("prefill_instances") or 1)
+        host = int(info.get("host_cache_tokens") or 0) * int(info.get("prefill_instances") or 1)
+        scale = info.get("time_scale")
+        time_scale = float(scale) if isinstance(scale, int | float) and scale > 0 else None
+        lag = info.get("loop_lag_mean_s")
+        loop_lag = float(lag) if isinstance(lag, int | float) and lag >= 0 else None
+    except (TypeError, ValueError):
+        return ServerInfo()
     gpu = info.get("gpu")
-    return max(prefill, host), gpu if isinstance(gpu, str) else None
+    return ServerInfo(max(prefill, host), gpu if isinstance(gpu, str) else None, time_scale, loop_lag)

@@ -222,3 +222,58 @@ def test_bad_options_are_one_line_errors(args: list[str], message: str) -> None:
     result = run_basin("replay", *args, timeout=60)
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_replay_takes_the_servers_time_scale_and_warns_on_another(emulator_factory) -> None:  # type: ignore[no-untyped-def]
+    emulator = emulator_factory("--deployment", "h100-1p1d", "--time-scale", "20")
+    scenario = ["--target", emulator.url, "--base-rate", "3", "--api", "sglang", "--quiet", "--json", "-"]
+    taken = run_basin("replay", *scenario, "--duration-min", "2")
+    assert taken.returncode == 0, taken.stderr
+    assert json.loads(taken.stdout)["time_scale"] == 20
+    assert "differs from the server's" not in taken.stderr
+    other = run_basin("replay", *scenario, "--duration-min", "0.2", "--time-scale", "1")
+    assert other.returncode == 0, other.stderr
+    assert "warning: --time-scale 1 differs from the server's 20" in other.stderr
+
+
+def test_a_busy_client_sees_its_own_lag(emulator_factory) -> None:  # type: ignore[no-untyped-def]
+    """A client whose loop is blocked 40 % of the time dates answers late, and its figures say so."""
+    from basin.sim.deployments import GPUS
+    from basin.workload import RateSchedule, load_workload
+    from basin_profiler.replay import Replay, ReplayConfig
+
+    emulator = emulator_factory("--deployment", "h100-1p1d", "--time-scale", "10")
+    config = ReplayConfig(
+        target=emulator.url,
+        schedule=RateSchedule(base_rate=3, duration_min=1.5),
+        reference_gpu=GPUS["h100"],
+        api="sglang",
+        time_scale=10,
+    )
+
+    async def hog() -> None:  # CPU work the loop cannot interleave, like tokenizing huge prompts
+        while True:
+            time.sleep(0.08)
+            await asyncio.sleep(0.12)
+
+    async def run_busy() -> Any:
+        hogging = asyncio.create_task(hog())
+        try:
+            return await Replay(config, load_workload("terminal-bench", 0)).run()
+        finally:
+            hogging.cancel()
+
+    busy = asyncio.run(run_busy())
+    assert busy.client.lag_p90_model_s >= 0.4  # 40 ms of wall lag at x10
+    assert busy.client.dominates(0.2)
+    assert not busy.client.dominates(100.0)
+    assert busy.client.to_dict()["client_loop_lag_p90_model_s"] == busy.client.lag_p90_model_s
+
+
+def test_the_emulator_reports_its_own_loop_lag(emulator_factory) -> None:  # type: ignore[no-untyped-def]
+    import requests
+
+    emulator = emulator_factory("--deployment", "h100-1p1d")
+    time.sleep(0.5)  # a few probes
+    info = requests.get(f"{emulator.url}/get_server_info", timeout=5).json()
+    assert 0 <= info["loop_lag_mean_s"] <= info["loop_lag_p90_s"] < 1

@@ -207,6 +207,7 @@ class Summary:
     hit_rate_late: float
     median_ttft_late_s: float
     l_late_s: float
+    late_window_s: float  # what the late figures cover: the final 30 minutes, or the whole of a shorter run
     median_slowdown: float
     median_first_call_wait_s: float
     p90_first_call_wait_s: float
@@ -235,7 +236,7 @@ def summarize(records: RunRecords, measure_until_s: float | None = None) -> Summ
     completed = [s for s in measured if s.outcome == "completed"]
     short, long = windows(records, SHORT_WINDOW_S), windows(records, LONG_WINDOW_S)
     label, reason = label_run(records, long)
-    late_start = duration - LATE_S
+    late_start = max(duration - LATE_S, 0.0)
     late_short = [w for w in short if w.start_s >= late_start]
     late_ttft = [
         c.ttft_s for c in records.calls if c.first_token_s is not None and c.first_token_s >= late_start
@@ -257,6 +258,7 @@ def summarize(records: RunRecords, measure_until_s: float | None = None) -> Summ
         l_late_s=max(
             (w.median_ttft_s for w in late_short if not math.isnan(w.median_ttft_s)), default=math.nan
         ),
+        late_window_s=duration - late_start,
         median_slowdown=_quantile([s.slowdown for s in completed if s.slowdown is not None], 0.5),
         median_first_call_wait_s=_quantile(waits, 0.5),
         p90_first_call_wait_s=_quantile(waits, 0.9),
