@@ -819,6 +819,154 @@ def analyze_command(
         click.echo(f"  drain {backlog:g} sessions      {drain}")
 
 
+@cli.command("plan")
+@click.option("--gpus", type=int, required=True, help="GPUs to split into prefill and decode (at least 2).")
+@click.option("--gpu", type=click.Choice(["h100", "h200"]), default="h200", show_default=True, help="GPU.")
+@workload_options(default="terminal-bench")
+@click.option("--base-rate", type=float, required=True, help="Base arrivals, sessions per minute.")
+@click.option(
+    "--surge",
+    "surge_text",
+    default="5:20",
+    show_default=True,
+    metavar="F:MINUTES",
+    help="The surge to plan for: arrivals times F during MINUTES.",
+)
+@click.option(
+    "--host-tiers",
+    default="0,2,10",
+    show_default=True,
+    metavar="X,Y,…",
+    help="Host tiers to compare, as multiples of the GPU prefix cache (0: GPU-only).",
+)
+@click.option("--kappa", type=float, default=1.0, show_default=True, help="Cliff scale κ of the hit curve.")
+@click.option(
+    "--verify",
+    "verify_top",
+    type=int,
+    default=0,
+    show_default=True,
+    metavar="K",
+    help="Simulate the K best candidates under the surge to confirm the model's verdict (minutes).",
+)
+@click.option(
+    "--policy",
+    type=click.Choice(["hicache", "basin"]),
+    default="hicache",
+    show_default=True,
+    help="The policy the verification runs use (hicache: no control, what the verdict assumes).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option(
+    "--plot",
+    "plot_out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the largest recoverable surge by split and host tier (PNG).",
+)
+def plan_command(
+    gpus: int,
+    gpu: str,
+    workload: str,
+    seed: int,
+    sessions: int | None,
+    tool_time_scale: float,
+    output_scale: float,
+    base_rate: float,
+    surge_text: str,
+    host_tiers: str,
+    kappa: float,
+    verify_top: int,
+    policy: str,
+    as_json: bool,
+    plot_out: str | None,
+) -> None:
+    """What-if capacity planning: every prefill:decode split of N GPUs and host tier, ranked by the
+    largest surge it recovers from without control at the base rate (the fluid model, paper §5)."""
+    import os
+
+    from basin.plan import Surge, WorkloadSpec, plan, plot_plan, recommendation, verify
+
+    surge = Surge.parse(surge_text)
+    try:
+        tiers = [float(part) for part in host_tiers.split(",") if part.strip()]
+    except ValueError:
+        raise BasinError(f"--host-tiers takes numbers separated by commas, got {host_tiers!r}") from None
+    if kappa <= 0:
+        raise BasinError(f"--kappa must be positive, got {kappa}")
+    if verify_top < 0:
+        raise BasinError(f"--verify must not be negative, got {verify_top}")
+    if plot_out:
+        _writable(plot_out)
+    spec = WorkloadSpec(workload, seed, tool_time_scale, output_scale, sessions)
+    candidates = plan(gpus, gpu, spec.load(), base_rate, surge, tiers, kappa)
+    checks = []
+    if verify_top:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        chosen = candidates[:verify_top]
+        with Progress(
+            TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            disable=as_json, transient=True,
+        ) as progress:  # fmt: skip
+            task = progress.add_task("verify", total=len(chosen))
+            checks = verify(
+                chosen, gpu, spec, base_rate, surge, policy, kappa,
+                processes=min(len(chosen), os.cpu_count() or 1),
+                progress=lambda done: progress.update(task, completed=done),
+            )  # fmt: skip
+    advice = recommendation(candidates, surge)
+    title = f"{gpus}x {gpu.upper()}, {workload}, {base_rate:g} sessions/min, surge x{surge.factor:g}"
+    if plot_out:
+        plot_plan(candidates, surge, plot_out, f"{title} for {surge.minutes:g} min")
+    if as_json:
+        payload = {
+            "gpus": gpus,
+            "gpu": gpu,
+            "workload": workload,
+            "base_rate": base_rate,
+            "surge_factor": surge.factor,
+            "surge_minutes": surge.minutes,
+            "kappa": kappa,
+            "capacities": "presets",
+            "candidates": [c.to_dict() for c in candidates],
+            "verification": [v.to_dict() for v in checks],
+            "recommendation": advice,
+        }
+        click.echo(json.dumps(payload))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"plan · {title} for {surge.minutes:g} min")
+    for column in ("split", "host tier", "first limit", "D(N*) /min", "vulnerable /min", "N_s / N_u"):
+        table.add_column(column, justify="right" if "/" in column else "left")
+    table.add_column(f"x{surge.factor:g} for {surge.minutes:g} min")
+    table.add_column("largest recoverable", justify="right")
+    for c in candidates:
+        low, high = c.vulnerable_range_per_min
+        populations = f"{_count(c.n_stable)} / {_count(c.n_unstable)}"
+        outcome = f"recovers in {c.drain_minutes:.0f} min" if c.recovers else "does not recover"
+        largest = f"x{c.max_recoverable_factor:.2f}" if c.max_recoverable_factor < 50 else "≥ x50"
+        table.add_row(
+            f"{c.prefill}P{c.decode}D", f"{c.host_tier:g}x", c.first_limit, f"{c.departure_peak_per_min:.1f}",
+            f"{low:.1f}–{high:.1f}", populations, outcome, largest,
+        )  # fmt: skip
+    console = _console()
+    console.print(table)
+    console.print(f"capacities and costs: the {gpu.upper()} preset calibration; κ = {kappa:g}")
+    console.print(f"recommendation: {advice}")
+    for v in checks:
+        verdict = "agrees" if v.agrees else "DISAGREES"
+        console.print(
+            f"  simulated {v.name} with {v.host_tier:g}x host tier under {v.policy}: {v.label},"
+            f" {v.goodput_sessions_per_h:.0f} sessions/h — {verdict} with the model"
+        )
+
+
+def _count(value: float | None) -> str:
+    return "—" if value is None else f"{value:.0f}"
+
+
 def _analyze_grid(seed: int, as_json: bool) -> None:
     from rich.progress import Progress
     from rich.table import Table

@@ -1,0 +1,410 @@
+"""What-if capacity planning against the cache trap: which prefill:decode split and host tier of N GPUs
+absorbs the largest surge at a given base load (paper §5 applied to a purchase or a re-split).
+
+For every split and tier the fluid model (`basin.fluid`) gives the first limit, the departure peak D(N*),
+the vulnerable range and the equilibria at the base rate. A surge is then played through the model's
+population balance dN/dt = λ(t) − D(N): the population starts at the stable equilibrium N_s, grows while
+arrivals exceed departures, and after the surge it recovers only if it ended below the unstable
+equilibrium N_u (past it, departures stay below arrivals and the population keeps growing: the trap).
+The largest recoverable surge is found by bisection on the surge factor. `verify` replays the top
+candidates in the simulator under a policy and compares its run label with the model's verdict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from basin.errors import BasinError
+from basin.fluid import FluidModel, FluidParameters, analyze
+from basin.sim.deployments import GPUS, Deployment
+from basin.workload.model import Session
+
+STEP_MIN = 1 / 12  # integration step of the population balance, minutes (5 s)
+MAX_SURGE_FACTOR = 50.0  # the bisection's ceiling: "recovers from anything up to ×50"
+RECOVERED_SHARE = 0.05  # drained once the excess over N_s is down to this share of its peak
+# A surge is recovered from when the population drains within this long after it ends: the hour the
+# paper watches after its surges (§3.2), and what a deployment that is merely slow to drain fails.
+DRAIN_LIMIT_MIN = 60.0
+SURGE_START_MIN = 15.0  # verification runs: the suites' trigger time
+VERIFY_MINUTES_AFTER = 85.0  # verification runs last until this long after the surge ends
+
+
+@dataclass(frozen=True)
+class Surge:
+    factor: float  # arrivals during the surge, as a multiple of the base rate
+    minutes: float
+
+    def __post_init__(self) -> None:
+        if self.factor < 1 or self.minutes <= 0:
+            raise BasinError(f"a surge needs a factor >= 1 and positive minutes, got {self}")
+
+    @classmethod
+    def parse(cls, text: str) -> Surge:
+        """`F:MINUTES`, e.g. `5:20` for five times the base rate during twenty minutes."""
+        try:
+            factor, minutes = (float(part) for part in text.split(":"))
+        except ValueError:
+            raise BasinError(f"--surge takes FACTOR:MINUTES (e.g. 5:20), got {text!r}") from None
+        return cls(factor, minutes)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One split and host tier, judged by the fluid model."""
+
+    name: str
+    prefill: int
+    decode: int
+    host_tier: float
+    first_limit: str  # cache or decode
+    state: str  # the model's state at the base rate (vulnerable, overloaded, ...)
+    departure_peak_per_min: float
+    low_reuse_per_min: float
+    vulnerable_range_per_min: tuple[float, float]
+    n_stable: float | None
+    n_unstable: float | None
+    surge_peak_population: float | None  # N at the end of the given surge
+    recovers: bool  # the given surge drains within DRAIN_LIMIT_MIN without control
+    drain_minutes: float | None  # back near N_s after the given surge (None: it does not recover)
+    max_recoverable_factor: float  # the largest surge factor for the given minutes that recovers (≤ 50)
+
+    @property
+    def headroom(self) -> float:
+        """Sort key: the largest recoverable surge, then the departure peak."""
+        return self.max_recoverable_factor + self.departure_peak_per_min / 1e6
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["vulnerable_range_per_min"] = list(self.vulnerable_range_per_min)
+        return out
+
+
+@dataclass(frozen=True)
+class Verification:
+    """A simulator run of one candidate under the surge, beside the model's verdict."""
+
+    name: str
+    host_tier: float
+    policy: str
+    label: str
+    goodput_sessions_per_h: float
+    model_recovers: bool
+
+    @property
+    def simulated_recovers(self) -> bool:
+        return self.label in ("healthy", "recovering")
+
+    @property
+    def agrees(self) -> bool:
+        return self.simulated_recovers == self.model_recovers
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "simulated_recovers": self.simulated_recovers, "agrees": self.agrees}
+
+
+def splits(gpus: int) -> list[tuple[int, int]]:
+    """Every prefill:decode split of `gpus` GPUs with at least one of each."""
+    if gpus < 2:
+        raise BasinError(f"a prefill-decode deployment needs at least 2 GPUs, got {gpus}")
+    return [(p, gpus - p) for p in range(1, gpus)]
+
+
+def deployment_for(gpu: str, prefill: int, decode: int, host_tier: float) -> Deployment:
+    if gpu not in GPUS:
+        raise BasinError(f"unknown GPU {gpu!r}; choose {', '.join(GPUS)}")
+    deployment = Deployment(f"{gpu}-{prefill}p{decode}d", GPUS[gpu], prefill, decode, host_tier=host_tier)
+    deployment.validate()
+    return deployment
+
+
+class PopulationBalance:
+    """dN/dt = λ(t) − D(N) on the model's departure curve, integrated in steps of `STEP_MIN`."""
+
+    def __init__(self, model: FluidModel) -> None:
+        self.n = model.population_grid()
+        self.d = model.departures_per_min(self.n)
+
+    def departures(self, population: float) -> float:
+        return float(np.interp(population, self.n, self.d))
+
+    def through_surge(self, start: float, rate: float, surge: Surge) -> float:
+        """The population at the end of `surge` on top of `rate`, starting from `start`."""
+        population = start
+        for _ in range(max(1, round(surge.minutes / STEP_MIN))):
+            population = max(population + (surge.factor * rate - self.departures(population)) * STEP_MIN, 0.0)
+        return population
+
+    def drain_minutes(self, peak: float, stable: float, rate: float) -> float | None:
+        """Minutes from `peak` until the excess over `stable` is down to RECOVERED_SHARE of its height;
+        None when that takes longer than DRAIN_LIMIT_MIN (or never happens)."""
+        target = stable + RECOVERED_SHARE * (peak - stable)
+        population, minutes = peak, 0.0
+        while population > target:
+            population += (rate - self.departures(population)) * STEP_MIN
+            minutes += STEP_MIN
+            if minutes > DRAIN_LIMIT_MIN:
+                return None
+        return minutes
+
+
+def judge(
+    deployment: Deployment,
+    pool: Sequence[Session],
+    base_rate: float,
+    surge: Surge,
+    kappa: float = 1.0,
+) -> Candidate:
+    """The fluid model's verdict on one deployment: limits, equilibria, the surge and the largest one."""
+    model = FluidModel(FluidParameters.from_workload(deployment, pool, kappa))
+    analysis = analyze(model, base_rate)
+    balance = PopulationBalance(model)
+    stable, unstable = analysis.n_stable, analysis.n_unstable
+
+    def outcome(factor: float) -> tuple[bool, float | None, float | None]:
+        """(recovers, population at the surge's end, drain minutes) for a surge of `factor`."""
+        if stable is None:  # the base rate alone exceeds the departure peak
+            return False, None, None
+        end = balance.through_surge(stable, base_rate, Surge(factor, surge.minutes))
+        if unstable is not None and end >= unstable:
+            return False, end, None  # past N_u departures stay below arrivals: trapped
+        drain = balance.drain_minutes(end, stable, base_rate)
+        return drain is not None, end, drain
+
+    given, end, drain = outcome(surge.factor)
+    if not outcome(1.0)[0]:
+        largest = 0.0
+    elif outcome(MAX_SURGE_FACTOR)[0]:
+        largest = MAX_SURGE_FACTOR
+    else:
+        low, high = 1.0, MAX_SURGE_FACTOR
+        while high - low > 0.01:
+            middle = (low + high) / 2
+            low, high = (middle, high) if outcome(middle)[0] else (low, middle)
+        largest = low
+    return Candidate(
+        name=deployment.name,
+        prefill=deployment.prefill_instances,
+        decode=deployment.decode_instances,
+        host_tier=deployment.host_tier,
+        first_limit=analysis.first_limit,
+        state=analysis.state,
+        departure_peak_per_min=analysis.d_peak_per_min,
+        low_reuse_per_min=analysis.d_low_per_min,
+        vulnerable_range_per_min=analysis.vulnerable_range_per_min,
+        n_stable=stable,
+        n_unstable=unstable,
+        surge_peak_population=end,
+        recovers=given,
+        drain_minutes=drain,
+        max_recoverable_factor=largest,
+    )
+
+
+def plan(
+    gpus: int,
+    gpu: str,
+    pool: Sequence[Session],
+    base_rate: float,
+    surge: Surge,
+    host_tiers: Sequence[float],
+    kappa: float = 1.0,
+) -> list[Candidate]:
+    """Every split of `gpus` GPUs × every host tier, best first (largest recoverable surge)."""
+    if base_rate <= 0:
+        raise BasinError(f"--base-rate must be positive, got {base_rate}")
+    if not host_tiers or any(t < 0 for t in host_tiers):
+        tiers = ", ".join(f"{t:g}" for t in host_tiers)
+        raise BasinError(f"host tiers must be non-negative multiples of the GPU cache, got [{tiers}]")
+    candidates = [
+        judge(deployment_for(gpu, p, d, tier), pool, base_rate, surge, kappa)
+        for p, d in splits(gpus)
+        for tier in host_tiers
+    ]
+    return sorted(candidates, key=lambda c: c.headroom, reverse=True)
+
+
+def recommendation(candidates: Sequence[Candidate], surge: Surge) -> str:
+    """One sentence: the best candidate and why, against the best one that traps under the surge."""
+    best = candidates[0]
+    what = f"{best.prefill}P{best.decode}D with {_tier(best.host_tier)}"
+    if best.max_recoverable_factor == 0:
+        return f"none of these splits sustains the base rate; the closest is {what}"
+    largest = best.max_recoverable_factor
+    bound = f"x{largest:.1f}" if largest < MAX_SURGE_FACTOR else f"at least x{MAX_SURGE_FACTOR:g}"
+    sentence = f"{what}: recovers from {bound} for {surge.minutes:g} min"
+    if not best.recovers:
+        sentence += f" (no split recovers from the planned x{surge.factor:g})"
+    trapped = [c for c in candidates if not c.recovers]
+    if best.recovers and trapped:
+        worst = trapped[0]
+        other = f"{worst.prefill}P{worst.decode}D with {_tier(worst.host_tier)}"
+        sentence += f"; {other} does not recover from x{surge.factor:g}"
+    return sentence
+
+
+def _tier(host_tier: float) -> str:
+    return "GPU-only caching" if host_tier == 0 else f"a {host_tier:g}x host tier"
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """How to load the workload again in a worker process (`basin.workload.load_workload`'s arguments)."""
+
+    spec: str
+    seed: int = 0
+    tool_time_scale: float = 1.0
+    output_scale: float = 1.0
+    sessions: int | None = None
+
+    def load(self) -> list[Session]:
+        from basin.workload import load_workload
+
+        return load_workload(self.spec, self.seed, self.tool_time_scale, self.output_scale, self.sessions)
+
+
+def _verify_one(job: tuple[Candidate, str, WorkloadSpec, float, Surge, str, float | None]) -> Verification:
+    candidate, gpu, workload, base_rate, surge, policy, kappa = job
+    from basin.sim import Simulation, SimulationConfig
+    from basin.sim.policies import build_policy
+    from basin.workload import RateSchedule
+
+    deployment = deployment_for(gpu, candidate.prefill, candidate.decode, candidate.host_tier)
+    pool = workload.load()
+    schedule = RateSchedule(
+        base_rate=base_rate,
+        duration_min=SURGE_START_MIN + surge.minutes + VERIFY_MINUTES_AFTER,
+        surge_factor=surge.factor,
+        surge_start_min=SURGE_START_MIN,
+        surge_minutes=surge.minutes,
+    )
+    built = build_policy(policy, deployment, pool, workload.seed, kappa=kappa)
+    config = SimulationConfig(deployment, schedule, seed=workload.seed)
+    summary = Simulation(config, built, pool).run().summary
+    return Verification(
+        candidate.name,
+        candidate.host_tier,
+        policy,
+        summary.label,
+        summary.goodput_sessions_per_h,
+        candidate.recovers,
+    )
+
+
+def verify(
+    candidates: Sequence[Candidate],
+    gpu: str,
+    workload: WorkloadSpec,
+    base_rate: float,
+    surge: Surge,
+    policy: str,
+    kappa: float | None = None,
+    processes: int = 1,
+    progress: Callable[[int], None] | None = None,
+) -> list[Verification]:
+    """Simulate each candidate under the surge with `policy`, in parallel over `processes`; the run lasts
+    until 85 minutes after the surge, so its label says whether the engine recovered (paper §7.1)."""
+    jobs = [(c, gpu, workload, base_rate, surge, policy, kappa) for c in candidates]
+    results: list[Verification] = []
+    if processes <= 1:
+        for job in jobs:
+            results.append(_verify_one(job))
+            if progress is not None:
+                progress(len(results))
+        return results
+    with ProcessPoolExecutor(processes) as executor:
+        for result in executor.map(_verify_one, jobs):
+            results.append(result)
+            if progress is not None:
+                progress(len(results))
+    return results
+
+
+def plot_plan(candidates: Sequence[Candidate], surge: Surge, out: str, title: str) -> None:
+    """The largest recoverable surge factor by split (groups) and host tier (bars)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    split_names = sorted({(c.prefill, c.decode) for c in candidates})
+    tiers = sorted({c.host_tier for c in candidates})
+    by_key = {(c.prefill, c.decode, c.host_tier): c for c in candidates}
+    ceiling = max([c.max_recoverable_factor for c in candidates] + [surge.factor]) * 1.15
+    width = 0.8 / len(tiers)
+    fig, ax = plt.subplots(figsize=(max(6.4, 1.4 * len(split_names)), 4.0), constrained_layout=True)
+    for index, tier in enumerate(tiers):
+        xs, heights = [], []
+        for position, (p, d) in enumerate(split_names):
+            value = by_key[(p, d, tier)].max_recoverable_factor
+            xs.append(position + (index - (len(tiers) - 1) / 2) * width)
+            heights.append(value)
+        ax.bar(xs, heights, width, label="GPU-only" if tier == 0 else f"host tier {tier:g}x")
+    ax.axhline(surge.factor, color="tab:red", linestyle="--", label=f"planned surge x{surge.factor:g}")
+    ax.set_xticks(range(len(split_names)), [f"{p}P{d}D" for p, d in split_names])
+    ax.set_ylabel(f"largest recoverable surge ({surge.minutes:g} min)")
+    ax.set_ylim(0, ceiling)
+    ax.set_title(title, fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+@dataclass(frozen=True)
+class GridVerdict:
+    """One deployment of the paper's grid: the model's surge verdict beside the simulator's."""
+
+    deployment: str
+    host_tier: float
+    tool_scale: float
+    base_rate: float
+    model_recovers: bool
+    simulated_label: str
+
+    @property
+    def agrees(self) -> bool:
+        return self.model_recovers == (self.simulated_label in ("healthy", "recovering"))
+
+
+def _grid_point(job: tuple[str, float, float, Surge, float, int]) -> GridVerdict:
+    preset, host_tier, tool_scale, surge, base_fraction, seed = job
+    from basin.sim import get_deployment
+
+    deployment = get_deployment(preset, host_tier=host_tier)
+    workload = WorkloadSpec("terminal-bench", seed, tool_scale)
+    pool = workload.load()
+    peak = analyze(FluidModel(FluidParameters.from_workload(deployment, pool)), 0.0).d_peak_per_min
+    rate = base_fraction * peak
+    candidate = judge(deployment, pool, rate, surge)
+    check = _verify_one((candidate, deployment.gpu.name, workload, rate, surge, "hicache", None))
+    return GridVerdict(preset, host_tier, tool_scale, rate, candidate.recovers, check.label)
+
+
+def grid_verdicts(
+    surge: Surge,
+    base_fraction: float = 0.5,
+    seed: int = 0,
+    processes: int = 1,
+    progress: Callable[[int], None] | None = None,
+) -> list[GridVerdict]:
+    """The paper's 36 deployments (`basin.grid`), each at `base_fraction` of its model departure peak
+    with `surge` on top: does the model's recover/trap verdict match the simulator's run label?"""
+    from basin.grid import HOST_TIERS, PRESETS, TOOL_SCALES
+
+    jobs = [
+        (preset, tier, tool, surge, base_fraction, seed)
+        for preset in PRESETS
+        for tier in HOST_TIERS
+        for tool in TOOL_SCALES
+    ]
+    results: list[GridVerdict] = []
+    with ProcessPoolExecutor(max(processes, 1)) as executor:
+        for result in executor.map(_grid_point, jobs):
+            results.append(result)
+            if progress is not None:
+                progress(len(results))
+    return results
