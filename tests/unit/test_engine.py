@@ -264,8 +264,7 @@ def test_crossflow_decode_borrows_prefill_work_within_the_itl_slo() -> None:
     assert decode.step_s > 3 * alone
     env.run(600)
     assert len(rec.times("done")) == 5
-    # The lease trails the batch: when borrowed requests join, steps overrun the SLO until it adapts.
-    assert 0 < decoding.itl_violating_steps < 0.05 * decoding.output_tokens
+    assert decoding.itl_violating_steps == 0
     assert_idle(engine)
     assert 1 <= engine.counters.borrowed_prefills < 4  # the prefill instance kept some of the work
 
