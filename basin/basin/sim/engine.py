@@ -472,7 +472,8 @@ class DecodeInstance:
         token budget (SGLang's chunk size less one token per running request), so every running
         request's step carries the prefill lease and the per-chunk overhead (interference): the lease
         fills the step up to the 50 ms ITL SLO, at least 256 tokens even when decoding alone is slower.
-        When nothing decodes, prefill runs at full speed. Re-prices the step and the prefill's finish.
+        When nothing decodes, prefill runs in full chunks, each with its overhead. Re-prices the step and
+        the prefill's finish.
         Overruns of a lease that trails the batch are not modelled: they depend on how far under the SLO
         Crossflow keeps its lease, which the paper does not give."""
         request = self.borrowed
@@ -528,7 +529,8 @@ class DecodeInstance:
             self.borrowed = request
             self.engine.counters.borrowed_prefills += 1
             self.borrow_remaining = float(request.prompt_tokens - cached)
-            self.engine.env.schedule(transfer_seconds(self.gpu, cached), self._borrow_start, request)
+            delay = transfer_seconds(self.gpu, cached) if cached else 0.0  # nothing cached: nothing to move
+            self.engine.env.schedule(delay, self._borrow_start, request)
             return
 
     def _borrow_start(self, request: Request) -> None:
