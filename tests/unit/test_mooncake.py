@@ -112,6 +112,10 @@ def test_trace_arrivals_replay_the_traces_own_timestamps(mooncake_slice: Path) -
     assert sim.warm_sessions == 0
     released = sorted(r.arrival_s for r in sim.records.sessions)
     assert released == sorted(s.trace_arrival_s for s in pool)
+    # Every request of the slice starts with block 0 (a shared system prompt): session starts hit it.
+    first = [c for c in sim.records.calls if c.call_index == 0 and c.prefill_start_s is not None]
+    assert sum(c.cached_tokens >= BLOCK_TOKENS for c in first) >= 0.95 * len(first)
+    assert any(c.cached_tokens > BLOCK_TOKENS for c in first)  # branches reuse more than that
 
 
 def _trace(tmp_path: Path, rows: list[tuple[float, int, list[int]]]) -> Path:
