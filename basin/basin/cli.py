@@ -979,13 +979,7 @@ def evaluate_command(suite: str, seed: int, json_out: str | None, plot_out: str 
     "--ramps", type=int, default=4, show_default=True, help="Repeated ramps (κ: their lower quartile)."
 )
 @click.option("--steps", type=int, default=8, show_default=True, help="Load steps per ramp.")
-@click.option(
-    "--step-minutes",
-    type=float,
-    default=None,
-    help="Minutes per step. Default: three mean unloaded session lifetimes, at least 12, so the"
-    " population settles at each step.",
-)
+@click.option("--step-minutes", type=float, default=12.0, show_default=True, help="Minutes per step.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the first ramp.")
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as one JSON object.")
 def profile_command(
@@ -995,7 +989,7 @@ def profile_command(
     workload: str,
     ramps: int,
     steps: int,
-    step_minutes: float | None,
+    step_minutes: float,
     seed: int,
     as_json: bool,
 ) -> None:
