@@ -104,7 +104,12 @@ def schedule_options():  # type: ignore[no-untyped-def]
     """The arrival schedule's options (simulate, replay); `_schedule` builds it from them."""
     return _options(
         [
-            click.option("--base-rate", type=float, required=True, help="Session arrivals per minute."),
+            click.option(
+                "--base-rate",
+                type=float,
+                default=None,
+                help="Session arrivals per minute (required unless arrivals come from a trace).",
+            ),
             click.option(
                 "--surge-factor",
                 type=float,
@@ -125,7 +130,7 @@ def schedule_options():  # type: ignore[no-untyped-def]
 
 
 def _schedule(
-    base_rate: float,
+    base_rate: float | None,
     surge_factor: float,
     surge_start_min: float,
     surge_minutes: float,
@@ -134,6 +139,8 @@ def _schedule(
 ):  # type: ignore[no-untyped-def]
     from basin.workload import RateSchedule
 
+    if base_rate is None:
+        raise BasinError("Missing option '--base-rate'.")
     return RateSchedule(
         base_rate=base_rate,
         duration_min=duration_min,
@@ -297,6 +304,14 @@ def workload_export(
 @workload_options(default="terminal-bench")
 @schedule_options()
 @click.option(
+    "--arrivals",
+    type=click.Choice(["poisson", "trace"]),
+    default="poisson",
+    show_default=True,
+    help="poisson: draw sessions at --base-rate (and the surge); trace: replay each session of a"
+    " Mooncake trace once, at the trace's own timestamps.",
+)
+@click.option(
     "--warm-sessions",
     type=int,
     default=None,
@@ -333,12 +348,13 @@ def simulate(
     sessions: int | None,
     tool_time_scale: float,
     output_scale: float,
-    base_rate: float,
+    base_rate: float | None,
     surge_factor: float,
     surge_start_min: float,
     surge_minutes: float,
     post_surge_rate: float | None,
     duration_min: float,
+    arrivals: str,
     warm_sessions: int | None,
     terminate_surge_sessions: bool,
     json_out: str | None,
@@ -357,6 +373,12 @@ def simulate(
     preset = get_deployment(deployment, host_tier=host_tier, allocation=allocation, router=router)
     if policy not in POLICIES:
         raise BasinError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    if arrivals == "trace":
+        if base_rate is not None or surge_minutes > 0 or post_surge_rate is not None:
+            raise BasinError(
+                "--arrivals trace takes its times from the trace: drop --base-rate and the surge"
+            )
+        base_rate = 0.0
     schedule = _schedule(
         base_rate, surge_factor, surge_start_min, surge_minutes, post_surge_rate, duration_min
     )
@@ -373,6 +395,7 @@ def simulate(
         seed=seed,
         warm_sessions=warm_sessions,
         terminate_surge_sessions=terminate_surge_sessions,
+        arrivals=arrivals,
     )
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -397,6 +420,7 @@ def simulate(
         "workload": workload,
         "seed": seed,
         "base_rate": base_rate,
+        "arrivals": arrivals,
         "surge_factor": surge_factor,
         "surge_start_min": surge_start_min,
         "surge_minutes": surge_minutes,

@@ -12,11 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from basin.errors import BasinError
 from basin.hitcurve import HIT_AT_KNEE, HIT_FLOOR, reference_hit_rate
+
+if TYPE_CHECKING:
+    from basin.workload.model import Session
 
 # Where the reference curve is halfway between its value at the knee and its floor.
 _REFERENCE_X = np.linspace(0.0, 6.0, 60001)
@@ -102,6 +106,26 @@ def combine(
     )
 
 
+SETTLE_LIFETIMES = 3.0  # a ramp step lasts this many mean session lifetimes
+MIN_STEP_MINUTES = 12.0
+SAMPLED_SHARE = 1 / 3  # each step is sampled over its final third (after two lifetimes)
+
+
+def settle_step_minutes(
+    deployment_name: str, pool: Sequence[Session], host_tier: float | None = None
+) -> float:
+    """Ramp step long enough for the active population to settle after a rate change: three mean
+    unloaded session lifetimes (a new rate's population builds up over about one lifetime, and
+    lifetimes are long-tailed), at least 12 minutes. With tool time ×3 sessions last ~34 minutes, so a
+    12-minute step never let the population (and the working set) reach its level at that rate."""
+    from basin.sim import get_deployment
+    from basin.sim.costs import unloaded_session_seconds
+
+    gpu = get_deployment(deployment_name, host_tier=host_tier).gpu
+    lifetime_min = float(np.mean([unloaded_session_seconds(gpu, s) for s in pool])) / 60
+    return max(MIN_STEP_MINUTES, SETTLE_LIFETIMES * lifetime_min)
+
+
 def simulate_ramp(
     deployment_name: str,
     rates: Sequence[float],
@@ -111,7 +135,7 @@ def simulate_ramp(
     host_tier: float | None = None,
     tool_time_scale: float = 1.0,
 ) -> list[RampSample]:
-    """Run one stepped ramp in the simulator; each step is sampled over its second half (settled)."""
+    """Run one stepped ramp in the simulator; each step is sampled over its final third (settled)."""
     from basin.policy import make_policy
     from basin.sim import Simulation, SimulationConfig, get_deployment
     from basin.workload import load_workload
@@ -125,7 +149,8 @@ def simulate_ramp(
     records = result.records
     samples = []
     for index in range(len(rates)):
-        start, end = (index + 0.5) * step_minutes * 60, (index + 1) * step_minutes * 60
+        start = (index + 1 - SAMPLED_SHARE) * step_minutes * 60
+        end = (index + 1) * step_minutes * 60
         states = [s for s in records.samples if start <= s.t < end]
         cached = prompt = 0
         for call in records.calls:
@@ -148,7 +173,7 @@ def profile_simulated(
     deployment_name: str,
     ramps: int = 4,
     steps: int = 8,
-    step_minutes: float = 12.0,
+    step_minutes: float | None = None,
     host_tier: float | None = None,
     workload: str = "terminal-bench",
     seed: int = 0,
@@ -158,7 +183,8 @@ def profile_simulated(
 ) -> Profile:
     """κ and λc of a deployment from `ramps` simulated ramps (seeds seed, seed+1, ...). The ramp spans
     0.4x to 2x the fluid model's departure peak, so it crosses the cliff where there is one; with
-    `require_cliff=False` a ramp that stays on the plateau (a decode-first deployment) gives κ = 1."""
+    `require_cliff=False` a ramp that stays on the plateau (a decode-first deployment) gives κ = 1.
+    `step_minutes` defaults to `settle_step_minutes` (three mean session lifetimes)."""
     from basin.fluid import FluidModel, FluidParameters, analyze
     from basin.sim import get_deployment
     from basin.workload import load_workload
@@ -167,6 +193,8 @@ def profile_simulated(
         raise BasinError("need at least 1 ramp of at least 3 steps")
     deployment = get_deployment(deployment_name, host_tier=host_tier)
     pool = load_workload(workload, seed=seed, tool_time_scale=tool_time_scale)
+    if step_minutes is None:
+        step_minutes = settle_step_minutes(deployment_name, pool, host_tier)
     model = FluidModel(FluidParameters.from_workload(deployment, pool))
     peak = analyze(model, 0.0).d_peak_per_min
     rates = list(np.linspace(0.4 * peak, 2.0 * peak, steps))

@@ -197,6 +197,18 @@ def test_simulate_rejects_bad_input_cleanly(args: list[str], message: str) -> No
     assert "Traceback" not in result.stderr
 
 
+def test_simulate_replays_a_mooncake_trace_at_its_own_times(mooncake_slice: Path) -> None:
+    trace = ("simulate", "--workload", str(mooncake_slice), "--arrivals", "trace")
+    result = basin(*trace, "--duration-min", "20", "--json", "-", "--quiet")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["arrivals"] == "trace" and data["warm_sessions"] == 0
+    clash = basin(*trace, "--base-rate", "3", "--quiet")
+    assert clash.returncode == 2 and "takes its times from the trace" in clash.stderr
+    missing = basin("simulate", "--duration-min", "10", "--quiet")
+    assert missing.returncode == 2 and "--base-rate" in missing.stderr
+
+
 def test_simulate_names_the_bad_line_of_a_workload_file(tmp_path: Path) -> None:
     path = tmp_path / "w.jsonl"
     good = '{"session_id": "a", "calls": [{"prompt_tokens": 5, "new_tokens": 5, "output_tokens": 1}]}'

@@ -38,6 +38,21 @@ def test_ttl_covers_the_usual_tool_time_and_refuses_huge_contexts() -> None:
     assert Continuum(30_000, 1_000_000).ttl(20_000) == 0.0  # no history yet: no pin
 
 
+def test_queueing_delay_lengthens_the_ttl_and_pins_what_reload_alone_would_not() -> None:
+    """Continuum's TTL counts the queueing delay an evicted call would suffer, not the reload alone."""
+    from basin.policy import Telemetry
+
+    policy = trained(gap=2.0)
+    big = 600_000  # 60 % of the cache: holding it costs more than the reload is worth
+    assert policy.ttl(big) == 0.0
+    quiet = policy.ttl(100_000)
+    backlog = Telemetry(0.0, 0, 0, 0, 0.9, 600_000, 0, 0, 1, 0, 1.0)  # 20 s of prefill queued
+    policy.on_control(0.0, backlog)
+    assert policy.queue_delay_s == 20.0
+    assert policy.ttl(big) > 0.0
+    assert policy.ttl(100_000) >= quiet
+
+
 class _Quiet:
     def on_prefill_start(self, request: Request, now: float) -> None: ...
     def on_prefill_done(self, request: Request, now: float, uncached_tokens: int) -> None: ...

@@ -255,12 +255,54 @@ def test_crossflow_decode_borrows_prefill_work_within_the_itl_slo() -> None:
     env.run(1.0)
     for rid in range(2, 6):  # a prefill backlog: the decode instance takes one at a time
         engine.submit(request(rid, 60_000, 20))
-    env.run(0.01)
+    env.run(1.02)  # past the 5 ms prefix transfer: the suffix is computing
     decode = engine.decodes[0]
     assert decode.borrowed is not None and decode.borrowed.state == "borrowed"
     assert decode.step_s <= deployment.itl_slo_s + 1e-9  # the lease keeps mixed steps within the SLO
+    # Interference: the decoding request's steps carry the lease, far slower than decoding alone.
+    alone = decode_step_seconds(H100, len(decode.members), decode.context_tokens())
+    assert decode.step_s > 3 * alone
     env.run(600)
     assert len(rec.times("done")) == 5
     assert decoding.itl_violating_steps == 0
     assert_idle(engine)
     assert 1 <= engine.counters.borrowed_prefills < 4  # the prefill instance kept some of the work
+
+
+def test_crossflow_holds_decode_kv_while_the_borrowed_prefill_runs() -> None:
+    """With reservation at prefill completion, decode reserves a borrowed request's KV before computing
+    it, and leaves the request to prefill when decode memory is short."""
+    deployment = Deployment(
+        "t", H100, 1, 1, host_tier=0.0, decode_prefill=True, allocation="prefill_complete"
+    )
+    env, engine, rec = make_engine(deployment)
+    decoding = request(1, 2_048, 3_000)
+    engine.submit(decoding)
+    env.run(1.0)
+    for rid in range(2, 6):
+        engine.submit(request(rid, 60_000, 20))
+    env.run(1.02)  # past the 5 ms prefix transfer: the suffix is computing
+    decode = engine.decodes[0]
+    borrowed = decode.borrowed
+    assert borrowed is not None and borrowed.reserved_tokens == 60_000 + deployment.reserved_decode_tokens
+    assert decode.used >= decoding.reserved_tokens + borrowed.reserved_tokens
+    env.run(600)
+    assert len(rec.times("done")) == 5
+    assert_idle(engine)
+
+    short = Deployment(
+        "t",
+        replace(H100, decode_kv_tokens=50_000),
+        1,
+        1,
+        host_tier=0.0,
+        decode_prefill=True,
+        allocation="prefill_complete",
+    )
+    env, engine, rec = make_engine(short)
+    engine.submit(request(1, 2_048, 3_000))
+    env.run(1.0)
+    for rid in range(2, 4):
+        engine.submit(request(rid, 60_000, 20))  # more than decode memory holds: no borrowing
+    env.run(1.02)
+    assert engine.decodes[0].borrowed is None and engine.counters.borrowed_prefills == 0

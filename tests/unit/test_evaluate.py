@@ -29,7 +29,7 @@ def test_window_figures() -> None:
     records.calls = [call(10, 1.0), call(20, 3.0), call(30, 2.0, cached=0), call(130, 10.0)]
     records.sessions = [
         SessionRecord("a", 5, 100, first_call_s=5, first_token_s=6),
-        SessionRecord("b", 50, 100, first_call_s=110),  # waited 60 s, never got a token
+        SessionRecord("b", 50, 100, first_call_s=110),  # released at 110 s, still no token at 240 s
         SessionRecord("w", 0, 100, warm=True),  # warm sessions are not arrivals
     ]
     records.samples = [Sample(t, 4, 1, 2000, 0, 0, 0, 0) for t in (0, 60, 120, 180)]
@@ -38,9 +38,33 @@ def test_window_figures() -> None:
     assert first.hit_rate == pytest.approx(1800 / 3000)
     assert first.uncached_prefill_tokens_per_s == pytest.approx(1200 / 120)
     assert first.arrivals == 2 and first.never_start_fraction == 0.5
-    assert first.median_first_call_wait_s == pytest.approx(30.0)
+    # Arrival to first token: a waited 1 s; b is still waiting at the end, counted with its 190 s so far.
+    assert first.median_first_call_wait_s == pytest.approx((1 + 190) / 2)
     assert first.working_set_over_cache == 2.0
     assert second.median_ttft_s == 10.0 and second.arrivals == 0
+
+
+def test_first_call_wait_runs_to_the_first_token_not_the_release() -> None:
+    """A session released to the engine at once whose first token comes 355 s later waited 355 s (the
+    Continuum case of issue 15): the window of its arrival is degraded by that wait, not healthy."""
+    records = RunRecords(duration_s=2400, cache_tokens=1000)
+    records.sessions = [
+        SessionRecord(f"s{i}", 100 + i, 100, first_call_s=100 + i, first_token_s=455 + i, done_s=900 + i)
+        for i in range(5)
+    ]
+    assert records.sessions[0].first_call_wait_s == pytest.approx(355)
+    assert records.sessions[0].admission_wait_s == 0
+    first = windows(records, 1200)[0]
+    assert first.median_first_call_wait_s == pytest.approx(355) and first.degraded
+    summary = summarize(records)
+    assert summary.median_first_call_wait_s == pytest.approx(355)
+
+
+def test_refused_sessions_have_no_first_call_wait_and_waiting_ones_count_so_far() -> None:
+    shed = SessionRecord("shed", 10, 100, outcome="shed")
+    waiting = SessionRecord("parked", 10, 100)
+    assert shed.first_call_wait_until_s(1000) is None
+    assert waiting.first_call_wait_until_s(1000) == 990
 
 
 def _window(ttft: float, hit: float, wait: float = 0.0, never: float = 0.0):

@@ -87,3 +87,76 @@ def test_malformed_trace_line_names_file_and_line(tmp_path: Path, line: str, mes
 
 def test_limit_reads_only_the_first_requests(mooncake_slice: Path) -> None:
     assert len(read_trace(mooncake_slice, limit=100)) == 100
+
+
+def test_trace_arrivals_replay_the_traces_own_timestamps(mooncake_slice: Path) -> None:
+    """`--arrivals trace`: every session once, at its offset in the trace, no warm start."""
+    from basin.sim import Simulation, SimulationConfig, get_deployment
+    from basin.sim.policies import build_policy
+    from basin.workload import RateSchedule, trace_arrivals
+
+    pool = load_mooncake(mooncake_slice)
+    arrivals = trace_arrivals(pool, duration_min=60)
+    assert [a.time_s for a in arrivals] == sorted(s.trace_arrival_s for s in pool)
+    assert len({a.instance_id for a in arrivals}) == len(pool) and not any(a.warm for a in arrivals)
+    early = trace_arrivals(pool, duration_min=2)  # only those starting in the first two minutes
+    assert early and all(a.time_s < 120 for a in early) and len(early) < len(pool)
+
+    deployment = get_deployment("h200-1p3d")
+    sim = Simulation(
+        SimulationConfig(deployment, RateSchedule(base_rate=0, duration_min=15), arrivals="trace"),
+        build_policy("hicache", deployment, pool, 0),
+        pool,
+    )
+    sim.run()
+    assert sim.warm_sessions == 0
+    released = sorted(r.arrival_s for r in sim.records.sessions)
+    assert released == sorted(s.trace_arrival_s for s in pool)
+    # Every request of the slice starts with block 0 (a shared system prompt): session starts hit it.
+    first = [c for c in sim.records.calls if c.call_index == 0 and c.prefill_start_s is not None]
+    assert sum(c.cached_tokens >= BLOCK_TOKENS for c in first) >= 0.95 * len(first)
+    assert any(c.cached_tokens > BLOCK_TOKENS for c in first)  # branches reuse more than that
+
+
+def _trace(tmp_path: Path, rows: list[tuple[float, int, list[int]]]) -> Path:
+    path = tmp_path / "trace.jsonl"
+    path.write_text(
+        "".join(
+            json.dumps({"timestamp": t * 1000, "input_length": n, "output_length": 8, "hash_ids": ids}) + "\n"
+            for t, n, ids in rows
+        )
+    )
+    return path
+
+
+def test_a_session_start_sharing_blocks_with_an_earlier_request_reuses_them(tmp_path: Path) -> None:
+    """A branch (a request extending a turn that already has a successor) starts a new session, and a
+    different conversation shares the system-prompt block: both find those blocks cached, where they
+    used to start cold on fresh pages."""
+    from basin.sim import Simulation, SimulationConfig, get_deployment
+    from basin.sim.policies import build_policy
+    from basin.workload import RateSchedule
+
+    path = _trace(
+        tmp_path,
+        [
+            (0, 4 * BLOCK_TOKENS, [0, 1, 2, 3]),
+            (5, 5 * BLOCK_TOKENS, [0, 1, 2, 3, 4]),  # the conversation's next turn
+            (10, 5 * BLOCK_TOKENS, [0, 1, 2, 3, 5]),  # a branch from the first turn: a new session
+            (15, 3 * BLOCK_TOKENS, [0, 7, 8]),  # another conversation, same system prompt
+        ],
+    )
+    pool = load_mooncake(path)
+    assert [len(s.calls) for s in pool] == [2, 1, 1]
+    deployment = get_deployment("h200-1p3d")
+    sim = Simulation(
+        SimulationConfig(deployment, RateSchedule(base_rate=0, duration_min=2), arrivals="trace"),
+        build_policy("hicache", deployment, pool, 0),
+        pool,
+    )
+    sim.run()
+    first_calls = {c.session_id: c for c in sim.records.calls if c.call_index == 0}
+    branch, other = first_calls[pool[1].session_id], first_calls[pool[2].session_id]
+    assert branch.cached_tokens == 4 * BLOCK_TOKENS  # the four blocks it shares with the first turn
+    assert other.cached_tokens == BLOCK_TOKENS  # the shared system-prompt block
+    assert first_calls[pool[0].session_id].cached_tokens == 0  # the very first request is cold

@@ -43,3 +43,17 @@ def test_simulated_ramp_profiles_the_h100_deployment() -> None:
     assert profile.kappa <= max(profile.kappas)
     assert 3.0 < profile.lambda_c_per_min < 8.0
     assert profile.prefill_gpu_tokens == 1_090_000 and profile.decode_kv_tokens == 1_660_000
+
+
+def test_ramp_steps_last_several_session_lifetimes() -> None:
+    """Issue 15: with tool time x3 sessions last ~34 minutes; a 12-minute step never let the population
+    settle, so the ramp never reached the cliff. Steps now last three mean lifetimes."""
+    from basin.profile import settle_step_minutes
+    from basin.workload import load_workload
+
+    normal = settle_step_minutes("h200-1p3d", load_workload("terminal-bench", seed=0, sessions=60))
+    slow = settle_step_minutes(
+        "h200-1p3d", load_workload("terminal-bench", seed=0, sessions=60, tool_time_scale=3.0)
+    )
+    assert normal >= 12.0
+    assert slow >= 2.5 * normal and slow >= 90.0

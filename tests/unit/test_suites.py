@@ -85,11 +85,12 @@ def test_main_suite_has_six_scenarios_and_seven_systems() -> None:
 
 def test_sweep_steady_and_post_surge_suites_follow_the_paper() -> None:
     sweep, _ = suites.SUITES["surge-sweep"]
-    assert [s.surge_factor for s in sweep] == [3.0, 4.0, 5.0, 6.0]
-    assert all(s.surge_minutes == 20 and s.base_fraction == 0.55 for s in sweep)
+    default = [s for s in sweep if s.tool_time_scale == 1.0]  # the tools x3 panel is tested below
+    assert [s.surge_factor for s in default] == [3.0, 4.0, 5.0, 6.0]
+    assert all(s.surge_minutes == 20 and s.base_fraction == 0.55 for s in default)
     steady, _ = suites.SUITES["steady"]
     assert all(s.surge_minutes == 0 for s in steady)
-    assert [s.base_fraction for s in steady] == [0.6, 0.8, 1.0, 1.2]
+    assert [s.base_fraction for s in steady if s.tool_time_scale == 1.0] == [0.6, 0.8, 1.0, 1.2]
     post, _ = suites.SUITES["post-surge"]
     assert [s.post_surge_fraction for s in post] == [0.1, 0.3, 0.5]
     assert all(s.host_tier == 0 and s.surge_factor == 4.0 and s.surge_minutes == 10 for s in post)
@@ -117,3 +118,19 @@ def test_late_suite_switches_systems_on_at_minute_45() -> None:
     (scenario,), systems = suites.SUITES["late"]
     assert scenario.activate_min == 45.0 and scenario.surge_factor == 5.0
     assert len(systems) == 7
+
+
+def test_tools_x3_scenarios_run_two_and_a_half_hours_and_have_their_panels() -> None:
+    """§7.1: runs with tool time x3 last 2.5 h; Fig. 16/17 have tools x3 panels (the surge sweep from
+    0.66 of λc, and steady load)."""
+    for name in ("main", "surge-sweep", "steady"):
+        scenarios, _ = suites.SUITES[name]
+        tools = [s for s in scenarios if s.tool_time_scale > 1]
+        assert tools and all(s.duration_min == 150.0 for s in tools)
+        assert all(s.duration_min == 120.0 for s in scenarios if s.tool_time_scale == 1)
+    sweep, _ = suites.SUITES["surge-sweep"]
+    panel = [s for s in sweep if s.tool_time_scale == 3.0]
+    assert sorted(s.surge_factor for s in panel) == [3.0, 4.0, 5.0, 6.0]
+    assert all(s.base_fraction == 0.66 and s.surge_minutes == 20.0 for s in panel)
+    steady, _ = suites.SUITES["steady"]
+    assert len([s for s in steady if s.tool_time_scale == 3.0]) == 4

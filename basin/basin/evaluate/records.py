@@ -45,6 +45,23 @@ class SessionRecord:
 
     @property
     def first_call_wait_s(self) -> float | None:
+        """Arrival to the first token (§7.1): parking at the gateway and the engine's queues alike, so a
+        system that releases a session at once but keeps its first call queued still shows the wait."""
+        return None if self.first_token_s is None else self.first_token_s - self.arrival_s
+
+    def first_call_wait_until_s(self, end_s: float) -> float | None:
+        """The first-call wait, or for a session still waiting at `end_s` (no first token, not refused or
+        ended) the wait so far: a lower bound, so a run that never serves its new sessions cannot report
+        a short wait by leaving them out. None for sessions refused or ended before their first token."""
+        if self.first_token_s is not None:
+            return self.first_token_s - self.arrival_s
+        if self.outcome == "unfinished":
+            return max(0.0, end_s - self.arrival_s)
+        return None
+
+    @property
+    def admission_wait_s(self) -> float | None:
+        """Arrival to the first call's release to the engine (the gateway's part of the wait only)."""
         return None if self.first_call_s is None else self.first_call_s - self.arrival_s
 
     @property

@@ -8,6 +8,8 @@ Definitions (docs/metrics.md):
   30 minutes, as the paper's 2 h runs measure arrivals of the first 90 minutes).
 - Goodput: such sessions that completed with slowdown <= 4 and >= 95 % of decode steps within the ITL
   SLO, per hour of the measurement period.
+- First-call wait: arrival to first token, whatever held the session (gateway or engine queues); a
+  session still waiting at the end of the run counts with its wait so far (a lower bound).
 - A 20-minute window is degraded if its median TTFT > 5 s, its arrivals' median first-call wait > 5 min,
   or >= 25 % of its arrivals never start (no first token by the end of the run). Its severity is the
   largest of those three ratios to their thresholds.
@@ -118,7 +120,7 @@ def windows(records: RunRecords, size_s: float) -> list[Window]:
         arrivals[k] += 1
         if not session.started:
             never[k] += 1
-        wait = session.first_call_wait_s
+        wait = session.first_call_wait_until_s(records.duration_s)
         if wait is not None:
             waits[k].append(wait)
     sample_sums: dict[int, list] = {}
@@ -241,7 +243,7 @@ def summarize(records: RunRecords, measure_until_s: float | None = None) -> Summ
     late_ttft = [
         c.ttft_s for c in records.calls if c.first_token_s is not None and c.first_token_s >= late_start
     ]
-    waits = [s.first_call_wait_s for s in measured if s.first_call_wait_s is not None]
+    waits = [w for s in measured if (w := s.first_call_wait_until_s(duration)) is not None]
     n = len(measured)
     trigger = records.trigger_s if records.trigger_s is not None else min(LONG_WINDOW_S, duration)
     return Summary(

@@ -3,7 +3,7 @@ compute for prefill, and Continuum's program order with TTL pinning — each par
 
 from __future__ import annotations
 
-from basin.policy.base import Admission, CallDirectives, CallInfo, SessionInfo
+from basin.policy.base import Admission, CallDirectives, CallInfo, ControlActions, SessionInfo, Telemetry
 from basin.policy.continuum import Continuum
 from basin.policy.thunderagent import ThunderAgent
 
@@ -31,3 +31,7 @@ class Composition(ThunderAgent):
     def on_session_end(self, now: float, session_id: str, completed: bool) -> None:
         super().on_session_end(now, session_id, completed)
         self.continuum.on_session_end(now, session_id, completed)
+
+    def on_control(self, now: float, telemetry: Telemetry) -> ControlActions:
+        self.continuum.on_control(now, telemetry)  # Continuum's TTL reads the queueing delay
+        return super().on_control(now, telemetry)

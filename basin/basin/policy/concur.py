@@ -1,12 +1,24 @@
-"""CONCUR (agent-level concurrency control) as the paper ports it: AIMD on the number of active agents.
+"""CONCUR (Chen et al., "CONCUR: Proactive agent-level admission control for efficient agentic batch
+inference", arXiv:2601.22705) as the BASIN paper ports it (§7.1, ref. [9]): AIMD on the number of active
+agents, driven by KV-cache utilisation and the prefix hit rate.
 
-Every interval the window of active agents grows by one while decode KV occupancy stays below its high
-watermark and the prefix hit rate stays at or above 0.7 (the paper raises CONCUR's threshold from 0.2 to
-0.7 to place it within the observed range); it shrinks multiplicatively when either signal crosses.
-Active agents beyond the window are paused at their next turn boundary, newest first; below it, paused
-agents resume (oldest first) and then new agents are admitted in arrival order. KV occupancy is decode's
-(requests reserved, transferring or running), as in the paper's port. The hit rate is smoothed over
-~30 s, so single noisy intervals do not halve the window.
+The rule (CONCUR's cache-aware congestion controller, with the port's settings):
+- *Cut* (multiplicative decrease, halve the window) only when both signals agree that the cache is
+  thrashing: utilisation U > U_high AND the smoothed hit rate has fallen below the hit-rate threshold
+  (0.7: the paper raises CONCUR's 0.2 "to place it within the observed range"). High utilisation with
+  good reuse is a full, working cache; low reuse with room to spare is cold prompts, not thrashing.
+  At most one cut per smoothing period, so the effect of a cut is seen before the next (once per
+  feedback delay, as TCP cuts once per round trip).
+- *Grow* (additive increase, +1 agent per interval) only while U < U_low; between the two watermarks
+  the window holds.
+- U is decode KV occupancy (requests reserved, transferring or running), as in the paper's port.
+- The hit rate is an exponential average over ~30 s whose first value is the mean of the first 30 s of
+  readings, not one raw 5-s sample: a run's first interval is mostly cold first prompts, and a raw
+  seed there halves a window that no thrashing asked to halve. No hit-rate decision before then.
+Active agents beyond the window pause at their next turn boundary, newest first; below it, paused
+agents resume (oldest first) and then new agents are admitted in arrival order. The window starts
+unlimited. U_low = 0.7 and U_high = 0.9, the step, the halving and the smoothing are our settings: the
+BASIN paper does not list its port's.
 """
 
 from __future__ import annotations
@@ -16,7 +28,8 @@ import math
 from basin.policy.base import Admission, ControlActions, Policy, SessionInfo, Telemetry
 
 HIT_THRESHOLD = 0.7
-KV_HIGH_WATERMARK = 0.9
+U_HIGH = 0.9
+U_LOW = 0.7
 INCREASE = 1.0
 DECREASE = 0.5
 INTERVAL_S = 5.0
@@ -33,7 +46,9 @@ class Concur(Policy):
         self.active: set[str] = set()
         self.paused: set[str] = set()
         self.waiting: dict[str, float] = {}  # new agents not admitted yet, by arrival
-        self.hit = math.nan
+        self.hit = math.nan  # smoothed hit rate; NaN until the warm-up has passed
+        self._warmup: list[float] = []  # readings of the first smoothing period
+        self._last_cut = -math.inf
 
     def on_session_arrival(self, now: float, session: SessionInfo) -> Admission:
         self.arrival[session.session_id] = now
@@ -53,25 +68,33 @@ class Concur(Policy):
         """Arrival time, ties broken by id: sets iterate in a per-process hash order."""
         return self.arrival[sid], sid
 
+    def _smooth_hit(self, reading: float) -> None:
+        """Average the readings of the first smoothing period, then follow them exponentially."""
+        if math.isnan(reading):
+            return
+        if math.isnan(self.hit):
+            self._warmup.append(reading)
+            if len(self._warmup) * INTERVAL_S >= HIT_SMOOTHING_S:
+                self.hit = sum(self._warmup) / len(self._warmup)
+            return
+        weight = 1.0 - math.exp(-INTERVAL_S / HIT_SMOOTHING_S)
+        self.hit += weight * (reading - self.hit)
+
     def on_control(self, now: float, telemetry: Telemetry) -> ControlActions:
-        occupancy = (
+        utilisation = (
             telemetry.decode_kv_used_tokens / telemetry.decode_kv_capacity_tokens
             if telemetry.decode_kv_capacity_tokens
             else 0.0
         )
-        if not math.isnan(telemetry.hit_rate):
-            weight = 1.0 - math.exp(-INTERVAL_S / HIT_SMOOTHING_S)
-            self.hit = (
-                telemetry.hit_rate
-                if math.isnan(self.hit)
-                else self.hit + weight * (telemetry.hit_rate - self.hit)
-            )
-        reuse_low = not math.isnan(self.hit) and self.hit < HIT_THRESHOLD
+        self._smooth_hit(telemetry.hit_rate)
+        reuse_falling = not math.isnan(self.hit) and self.hit < HIT_THRESHOLD
         # The window never runs far ahead of the agents there are to run.
         demand = len(self.active) + len(self.paused) + len(self.waiting)
-        if occupancy > KV_HIGH_WATERMARK or reuse_low:
-            self.window = max(1.0, min(self.window, len(self.active)) * DECREASE)
-        elif not math.isinf(self.window):
+        if utilisation > U_HIGH and reuse_falling:
+            if now - self._last_cut >= HIT_SMOOTHING_S:
+                self.window = max(1.0, min(self.window, len(self.active)) * DECREASE)
+                self._last_cut = now
+        elif utilisation < U_LOW and not math.isinf(self.window):
             self.window = min(self.window + INCREASE, demand + INCREASE)
         actions = ControlActions()
         limit = self.window

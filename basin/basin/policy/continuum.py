@@ -1,11 +1,15 @@
-"""Continuum (Li et al., 2025) as the paper ports it to SGLang PD: KV retention across tool calls with a
-time-to-live, and program-level first-come-first-served order.
+"""Continuum (Li et al., "Continuum: Efficient and robust multi-turn LLM agent scheduling with KV cache
+time-to-live", arXiv:2511.02230; the BASIN paper's ref. [43]) as the paper ports it to SGLang PD: KV
+retention across tool calls with a time-to-live, and program-level first-come-first-served order.
 
 - When a call ends and its session goes to a tool, its prompt stays pinned in the prefill cache for a
-  TTL learned from the observed tool durations: the TTL is the duration quantile that maximizes the
-  expected net benefit P(gap <= t) * R - E[min(gap, t)] * H, where R is the prefill time a hit saves
-  (the context at the prefill rate) and H = R * (the context's share of prefill GPU memory) the cost
-  rate of holding it. No pin when no quantile pays off.
+  TTL chosen, as Continuum chooses it, from both costs an eviction causes: the *reload* (recomputing the
+  context, R = context / prefill rate) and the *queueing delay* the returning call then suffers behind
+  the other waiting work (D = outstanding prefill work / prefill rate, read from telemetry every 5 s;
+  a pinned follow-up goes to the head of the queue, an evicted one waits its turn). Against that, a pin
+  holds its share s of the prefill GPU cache for as long as it lasts, at the rate R·s. The TTL is the
+  quantile t of the observed tool durations that maximizes the expected net benefit
+  P(gap <= t)·(R + D) − E[min(gap, t)]·R·s; no pin when no quantile pays off.
 - Both engine queues order calls by their program's arrival (FCFS at program level), with the
   follow-ups of pinned programs first.
 - Under memory pressure the engine releases the pins of the latest-arriving programs first.
@@ -20,16 +24,26 @@ from collections import deque
 
 import numpy as np
 
-from basin.policy.base import Admission, CallDirectives, CallInfo, Policy, SessionInfo
+from basin.policy.base import (
+    Admission,
+    CallDirectives,
+    CallInfo,
+    ControlActions,
+    Policy,
+    SessionInfo,
+    Telemetry,
+)
 
 PINNED_FIRST = 1e9  # subtracted from a pinned follow-up's key: ahead of every unpinned call
 HISTORY = 2000  # recent tool durations kept
 MIN_HISTORY = 20  # no pins before this many durations have been seen
 QUANTILES = np.linspace(0.05, 0.99, 48)
+INTERVAL_S = 5.0  # how often the queueing delay is read (the gateway's metrics poll)
 
 
 class Continuum(Policy):
     name = "continuum"
+    control_interval_s = INTERVAL_S
 
     def __init__(self, prefill_tokens_per_s: float, prefill_gpu_tokens: int) -> None:
         self.prefill_tokens_per_s = prefill_tokens_per_s
@@ -40,6 +54,7 @@ class Continuum(Policy):
         self.gaps: deque[float] = deque(maxlen=HISTORY)
         self._sorted: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._seen = 0
+        self.queue_delay_s = 0.0  # what an evicted call would wait behind outstanding prefill work
 
     def on_session_arrival(self, now: float, session: SessionInfo) -> Admission:
         self.arrival[session.session_id] = now
@@ -69,12 +84,14 @@ class Continuum(Policy):
     def ttl(self, context_tokens: int) -> float:
         """The TTL with the best expected net benefit for this context, or 0 (do not pin).
 
-        Net benefit R * (P(gap <= t) - share * E[min(gap, t)]): R cancels, so the best TTL depends only on
-        the context's share of the prefill GPU cache."""
-        if len(self.gaps) < MIN_HISTORY:
+        Net benefit P(gap <= t)·(R + D) − E[min(gap, t)]·R·share, divided by R: the reload R, the queueing
+        delay D an evicted call would add, and the context's share of the prefill GPU cache."""
+        if len(self.gaps) < MIN_HISTORY or context_tokens <= 0:
             return 0.0
         candidates, p_hit, expected_hold = self._curves()
-        value = p_hit - (context_tokens / self.prefill_gpu_tokens) * expected_hold
+        reload_s = context_tokens / self.prefill_tokens_per_s
+        gain = 1.0 + self.queue_delay_s / reload_s
+        value = gain * p_hit - (context_tokens / self.prefill_gpu_tokens) * expected_hold
         best = int(np.argmax(value))
         return float(candidates[best]) if value[best] > 0 else 0.0
 
@@ -84,6 +101,12 @@ class Continuum(Policy):
         if ttl > 0:
             self.pinned_until[call.session_id] = now + ttl
         return ttl
+
+    def on_control(self, now: float, telemetry: Telemetry) -> ControlActions:
+        """Track the queueing delay an eviction would add: outstanding uncached prefill work (Q_P) at the
+        prefill rate."""
+        self.queue_delay_s = telemetry.prefill_backlog_tokens / self.prefill_tokens_per_s
+        return ControlActions()
 
     def on_session_end(self, now: float, session_id: str, completed: bool) -> None:
         for table in (self.arrival, self.call_end, self.pinned_until):

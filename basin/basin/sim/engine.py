@@ -264,11 +264,14 @@ class PrefillInstance:
         self.engine.prefill_finished(request)
 
     def borrowable(self, decode: DecodeInstance) -> Request | None:
-        """The oldest waiting request reserved on `decode`, when the queue has a backlog (Crossflow)."""
+        """The oldest waiting request routed to `decode`, when the queue has a backlog (Crossflow). With
+        early allocation it already holds its decode reservation; otherwise decode must reserve its KV
+        before it can compute there (`DecodeInstance.try_borrow`)."""
         if not self.busy or len(self.waiting) == 0:
             return None
+        early = self.engine.deployment.allocation == "early"
         for request in self.waiting.ordered():
-            if request.decode is decode and request.reserved_tokens:
+            if request.decode is decode and (request.reserved_tokens or not early):
                 self.waiting.remove(request)
                 self.backlog_tokens -= request.remaining_prefill
                 return request
@@ -349,6 +352,7 @@ class DecodeInstance:
         self.borrowed: Request | None = None
         self.borrow_remaining = 0.0
         self.borrow_rate = 0.0  # prefill tokens per second while borrowing
+        self.borrow_computing = False  # the prefix has arrived and the suffix is being computed
         self.borrow_timer: Timer | None = None
 
     # ---------------------------------------------------------------- reservations
@@ -430,7 +434,7 @@ class DecodeInstance:
             self.v += steps
             if self.step_s > self.engine.deployment.itl_slo_s:
                 self.violations += steps
-        if self.borrowed is not None:
+        if self.borrow_computing:
             self.borrow_remaining -= (now - self.updated) * self.borrow_rate
         self.updated = now
 
@@ -453,7 +457,7 @@ class DecodeInstance:
             self.timer = None
         n = len(self.members)
         self.step_s = decode_step_seconds(self.gpu, n, self.context_tokens())
-        if self.borrowed is not None:
+        if self.borrow_computing:
             self._lease()
         while self.batch and self.batch[0][2].rid not in self.members:
             heapq.heappop(self.batch)
@@ -464,45 +468,78 @@ class DecodeInstance:
 
     # ---------------------------------------------------------------- Crossflow's borrowed prefill
     def _lease(self) -> None:
-        """Share each step between decoding and the borrowed prefill so steps stay at the ITL SLO: the
-        lease is the prefill tokens that fit in the step time left under the SLO (all of the time when
-        nothing decodes). Re-prices the step and the borrowed prefill's finish."""
+        """Crossflow's mixed step: decoding and the borrowed prefill share one forward pass and its
+        token budget (SGLang's chunk size less one token per running request), so every running
+        request's step carries the prefill lease and the per-chunk overhead (interference): the lease
+        fills the step up to the 50 ms ITL SLO, at least 256 tokens even when decoding alone is slower.
+        When nothing decodes, prefill runs in full chunks, each with its overhead. Re-prices the step and
+        the prefill's finish.
+        Overruns of a lease that trails the batch are not modelled: they depend on how far under the SLO
+        Crossflow keeps its lease, which the paper does not give."""
         request = self.borrowed
         assert request is not None
+        deployment = self.engine.deployment
         position = request.prompt_tokens - max(self.borrow_remaining, 0.0)
         per_token = prefill_seconds(self.gpu, 1, int(position))
         if self.members:
-            room = 0.999 * self.engine.deployment.itl_slo_s - self.step_s - self.gpu.prefill_chunk_overhead_s
-            lease = max(room / per_token, self.engine.deployment.crossflow_min_lease_tokens)
-            self.step_s += lease * per_token + self.gpu.prefill_chunk_overhead_s
+            overhead = self.gpu.prefill_chunk_overhead_s
+            budget = max(self.gpu.prefill_chunk_tokens - len(self.members), 0)
+            floor = min(deployment.crossflow_min_lease_tokens, budget)
+            room = 0.999 * deployment.itl_slo_s - self.step_s - overhead
+            lease = min(max(room / per_token, floor), budget)
+            self.step_s += lease * per_token + overhead
             self.borrow_rate = lease / self.step_s
-        else:
-            self.borrow_rate = 1.0 / per_token
+        else:  # prefill alone in the forward passes: full chunks, each with its fixed overhead
+            chunk = self.gpu.prefill_chunk_tokens
+            self.borrow_rate = chunk / (chunk * per_token + self.gpu.prefill_chunk_overhead_s)
         if self.borrow_timer is not None:
             self.borrow_timer.cancel()
         delay = max(self.borrow_remaining, 0.0) / self.borrow_rate if self.borrow_rate > 0 else 0.0
         self.borrow_timer = self.engine.env.schedule(delay, self._borrow_done)
 
     def try_borrow(self) -> None:
-        """Take the oldest request reserved here that still waits for prefill, if the prefill queue has
-        a backlog. Its cached prefix comes over from prefill; decode computes the rest."""
+        """Take the oldest request routed here that still waits for prefill, if the prefill queue has a
+        backlog. Decode holds the request's KV while it computes: a request without a reservation yet
+        (allocation at prefill completion) reserves it first, and is left to prefill when decode memory
+        is short. The cached prefix comes over from prefill first (the suffix attends to it); then
+        decode computes the rest inside its own steps."""
         if self.borrowed is not None or not self.engine.deployment.decode_prefill:
             return
         for prefill in self.engine.prefills:
             request = prefill.borrowable(self)
             if request is None:
                 continue
-            self._advance(self.engine.env.now)
+            if not request.reserved_tokens:
+                need = self.reservation(request)
+                if self.used + self.lent + need > self.capacity:
+                    self.reclaim(self.used + self.lent + need - self.capacity)
+                if self.used + need > self.capacity:
+                    prefill.waiting.push(request)  # no room to hold its KV here: prefill keeps it
+                    prefill.backlog_tokens += request.remaining_prefill
+                    return
+                self.used += need
+                request.reserved_tokens = need
+                self.waiting_transfer_tokens += need
+            now = self.engine.env.now
             cached = prefill.cache.peek(request.keys) * PAGE_TOKENS
             request.cached_gpu_tokens = cached
-            request.prefill_started_at = self.engine.env.now
+            request.prefill_started_at = now
             request.state = "borrowed"
-            self.engine.observer.on_prefill_start(request, self.engine.env.now)
+            self.engine.observer.on_prefill_start(request, now)
             self.borrowed = request
             self.engine.counters.borrowed_prefills += 1
             self.borrow_remaining = float(request.prompt_tokens - cached)
-            self._reschedule()
+            delay = transfer_seconds(self.gpu, cached) if cached else 0.0  # nothing cached: nothing to move
+            self.engine.env.schedule(delay, self._borrow_start, request)
             return
+
+    def _borrow_start(self, request: Request) -> None:
+        """The cached prefix is on decode: the suffix starts computing in the mixed steps."""
+        if request is not self.borrowed or request.state != "borrowed":
+            return
+        self._advance(self.engine.env.now)
+        self.borrow_computing = True
+        self._reschedule()
 
     def _borrow_done(self) -> None:
         now = self.engine.env.now
@@ -511,15 +548,14 @@ class DecodeInstance:
         request = self.borrowed
         assert request is not None
         self.borrowed = None
+        self.borrow_computing = False
         self.borrow_remaining = 0.0
         self._reschedule()
         request.prefill_done_at = now
         self.engine.observer.on_prefill_done(request, now, request.prompt_tokens - request.cached_tokens)
-        # The suffix was computed here; the cached prefix still comes over from prefill.
+        # Prefix and suffix are both on decode already: the request joins the batch.
         request.state = "transfer"
-        self.engine.env.schedule(
-            transfer_seconds(self.gpu, request.cached_gpu_tokens), self._borrowed_ready, request
-        )
+        self._borrowed_ready(request)
         self.try_borrow()
 
     def _borrowed_ready(self, request: Request) -> None:
@@ -612,6 +648,7 @@ class DecodeInstance:
         if request is self.borrowed:
             self._advance(self.engine.env.now)
             self.borrowed = None
+            self.borrow_computing = False
             if self.borrow_timer is not None:
                 self.borrow_timer.cancel()
                 self.borrow_timer = None

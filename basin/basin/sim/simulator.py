@@ -21,8 +21,10 @@ from basin.sim.costs import unloaded_call_times, unloaded_session_seconds
 from basin.sim.deployments import PAGE_TOKENS, Deployment
 from basin.sim.engine import PDEngine, Request
 from basin.sim.env import Environment
-from basin.workload import Arrival, Session, poisson_arrivals
+from basin.workload import Arrival, Session, poisson_arrivals, trace_arrivals
 from basin.workload.arrivals import Schedule
+from basin.workload.model import Call
+from basin.workload.mooncake import BLOCK_TOKENS
 
 SAMPLE_INTERVAL_S = 10.0
 
@@ -54,6 +56,7 @@ class SimulationConfig:
     seed: int = 0
     warm_sessions: int | None = None  # None: Little's law estimate at the base rate
     terminate_surge_sessions: bool = False  # §3.3: end every surge session when the surge ends
+    arrivals: str = "poisson"  # or "trace": each session once at its own trace time (no warm start)
 
 
 @dataclass
@@ -92,14 +95,24 @@ class Simulation:
         self.progress = progress
         schedule = config.schedule
         self.duration_s = schedule.duration_min * 60.0
-        warm = config.warm_sessions
-        if warm is None:
-            warm = estimate_warm_sessions(config.deployment, pool, schedule.base_rate)
-        self.warm_sessions = warm
         gpu = config.deployment.gpu
-        self.arrivals = poisson_arrivals(
-            schedule, pool, self.rng, warm_sessions=warm, call_seconds=lambda s: unloaded_call_times(gpu, s)
-        )
+        if config.arrivals == "trace":
+            self.warm_sessions = 0
+            self.arrivals = trace_arrivals(pool, schedule.duration_min)
+        elif config.arrivals == "poisson":
+            warm = config.warm_sessions
+            if warm is None:
+                warm = estimate_warm_sessions(config.deployment, pool, schedule.base_rate)
+            self.warm_sessions = warm
+            self.arrivals = poisson_arrivals(
+                schedule,
+                pool,
+                self.rng,
+                warm_sessions=warm,
+                call_seconds=lambda s: unloaded_call_times(gpu, s),
+            )
+        else:
+            raise BasinError(f"unknown arrival process {config.arrivals!r}; choose poisson or trace")
         self.records = RunRecords(
             duration_s=self.duration_s,
             trigger_s=schedule.surge_start_min * 60 if schedule.surge_minutes > 0 else None,
@@ -113,6 +126,7 @@ class Simulation:
         self.active: dict[str, SessionState] = {}
         self.working_set = 0
         self._page_ids = itertools.count(1)
+        self._content_pages: dict[tuple[int, int], int] = {}  # (trace block id, page in block) -> key
         self._rids = itertools.count(1)
         self._hit_cached = 0
         self._hit_prompt = 0
@@ -170,7 +184,10 @@ class Simulation:
         self.policy.on_session_arrival(0.0, self._info(state))  # warm sessions are admitted initially
         if arrival.first_call > 0:
             previous = state.session.calls[arrival.first_call - 1]
-            state.pages = [next(self._page_ids) for _ in range(previous.prompt_tokens // PAGE_TOKENS)]
+            state.pages = self._block_pages(previous)
+            state.pages.extend(
+                next(self._page_ids) for _ in range(previous.prompt_tokens // PAGE_TOKENS - len(state.pages))
+            )
             keys = tuple(state.pages)
             prefill = self.engine.route_prefill(Request(0, state, state.sid, previous.prompt_tokens, 0, keys))
             if prefill.cache.allocate(len(keys)):
@@ -207,11 +224,31 @@ class Simulation:
         self.active[state.sid] = state
         self.working_set += state.context_tokens
 
+    def _block_pages(self, call: Call) -> list[int]:
+        """Page keys of a prompt whose trace names its blocks (`Call.blocks`): the same block id gives the
+        same keys in every session, so a session start that shares blocks with an earlier request (a
+        branch, a common system prompt) hits them in the cache instead of starting cold."""
+        per_block = BLOCK_TOKENS // PAGE_TOKENS
+        full_pages = min(call.prompt_tokens // PAGE_TOKENS, len(call.blocks) * per_block)
+        keys = []
+        for page in range(full_pages):
+            content = (call.blocks[page // per_block], page % per_block)
+            if content not in self._content_pages:
+                self._content_pages[content] = next(self._page_ids)
+            keys.append(self._content_pages[content])
+        return keys
+
     def _conversation_pages(self, state: SessionState, index: int) -> tuple[int, ...]:
         """Page keys of call `index`'s prompt: pages carried from the previous prompt keep their keys,
-        the rest (the previous output, tool results, new text) are new content."""
+        the rest (the previous output, tool results, new text) are new content. Prompts from a trace
+        with block ids take their keys from the blocks instead."""
         call = state.session.calls[index]
         full_pages = call.prompt_tokens // PAGE_TOKENS
+        if call.blocks:
+            pages = self._block_pages(call)
+            pages.extend(next(self._page_ids) for _ in range(full_pages - len(pages)))
+            state.pages = pages
+            return tuple(pages)
         if index == state.arrival.first_call and not state.pages:
             kept = 0
         else:

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from basin.errors import BasinError, InputFileError
-from basin.workload.arrivals import Arrival, RateSchedule, poisson_arrivals
+from basin.workload.arrivals import Arrival, RateSchedule, poisson_arrivals, trace_arrivals
 from basin.workload.model import Call, Session
 from basin.workload.mooncake import load_mooncake, looks_like_trace
 from basin.workload.sessionfile import read_sessions, write_sessions
@@ -29,6 +29,7 @@ __all__ = [
     "compute_stats",
     "load_workload",
     "poisson_arrivals",
+    "trace_arrivals",
     "write_sessions",
 ]
 

@@ -183,3 +183,15 @@ def poisson_arrivals(
             session, instance = drawer.draw()
             arrivals.append(Arrival(t * 60.0, session, instance, in_surge=in_surge))
     return arrivals
+
+
+def trace_arrivals(pool: Sequence[Session], duration_min: float) -> list[Arrival]:
+    """Each session once, at its own offset in its source trace (`Session.trace_arrival_s`, shifted so
+    the first starts at 0), for the sessions that start within the run; no warm start. For traces
+    (Mooncake) whose timing is the point: the bursts are the trace's, not a Poisson process's."""
+    timed = [(s.trace_arrival_s, s) for s in pool if s.trace_arrival_s is not None]
+    if not timed:
+        raise BasinError("--arrivals trace needs sessions with trace timestamps (a Mooncake trace)")
+    start = min(t for t, _ in timed)
+    arrivals = [Arrival(t - start, s, s.session_id) for t, s in timed if t - start < duration_min * 60]
+    return sorted(arrivals, key=lambda a: (a.time_s, a.instance_id))

@@ -24,6 +24,9 @@ class Call:
     new_tokens: int
     output_tokens: int
     tool_gap_s: float = 0.0
+    # Content ids of the prompt's blocks, when the source trace gives them (Mooncake: one per 512
+    # tokens). Equal ids are equal content, so prompts of different sessions share those pages.
+    blocks: tuple[int, ...] = ()
 
     @property
     def carried_tokens(self) -> int:

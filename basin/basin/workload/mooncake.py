@@ -6,6 +6,10 @@ hash ids extend the earlier request's full blocks (the earlier request's last, p
 more text follows it). We chain each request to the latest earlier request whose full blocks it extends
 the furthest; a request that extends a turn which already has a successor (a branch) or extends nothing
 starts a new session.
+
+Each call keeps its hash ids (`Call.blocks`), so the simulator gives equal blocks equal pages: a session
+whose first prompt shares blocks with an earlier request (a branch, or the shared system prompt) finds
+them cached instead of starting cold. `trace_arrivals` replays the sessions at the trace's own times.
 """
 
 from __future__ import annotations
@@ -140,7 +144,7 @@ def sessions_from_trace(
             if position + 1 < len(chain):
                 end = request.timestamp_s + service.duration_s(new, request.output_length)
                 gap = round(max(0.0, chain[position + 1].timestamp_s - end), 4)
-            calls.append(Call(request.input_length, new, request.output_length, gap))
+            calls.append(Call(request.input_length, new, request.output_length, gap, request.hash_ids))
         first = chain[0]
         sessions.append(
             Session(

@@ -13,7 +13,7 @@ from basin.workload.model import Call, Session
 
 FORMAT_VERSION = 1
 _SESSION_KEYS = {"v", "session_id", "workload", "task", "trace_arrival_s", "peak_context_tokens", "calls"}
-_CALL_KEYS = {"prompt_tokens", "new_tokens", "output_tokens", "tool_gap_s"}
+_CALL_KEYS = {"prompt_tokens", "new_tokens", "output_tokens", "tool_gap_s", "blocks"}
 
 
 def session_to_dict(session: Session) -> dict[str, Any]:
@@ -30,6 +30,7 @@ def session_to_dict(session: Session) -> dict[str, Any]:
                 "output_tokens": c.output_tokens,
                 "tool_gap_s": c.tool_gap_s,
             }
+            | ({"blocks": list(c.blocks)} if c.blocks else {})
             for c in session.calls
         ],
     }
@@ -84,17 +85,22 @@ def session_from_dict(record: Any) -> Session:
     for index, raw in enumerate(raw_calls):
         if not isinstance(raw, dict):
             raise ValueError(f"call {index} must be a JSON object")
-        missing = _CALL_KEYS - {"tool_gap_s"} - set(raw)
+        missing = _CALL_KEYS - {"tool_gap_s", "blocks"} - set(raw)
         if missing or set(raw) - _CALL_KEYS:
             raise ValueError(
-                f"call {index} must have keys {sorted(_CALL_KEYS)} (tool_gap_s optional), got {sorted(raw)}"
+                f"call {index} must have keys {sorted(_CALL_KEYS)} (tool_gap_s and blocks optional),"
+                f" got {sorted(raw)}"
             )
+        blocks = raw.get("blocks", [])
+        if not isinstance(blocks, list):
+            raise ValueError(f"call {index} blocks must be a list of integers, got {blocks!r}")
         calls.append(
             Call(
                 prompt_tokens=_integer(raw["prompt_tokens"], f"call {index} prompt_tokens"),
                 new_tokens=_integer(raw["new_tokens"], f"call {index} new_tokens"),
                 output_tokens=_integer(raw["output_tokens"], f"call {index} output_tokens"),
                 tool_gap_s=_number(raw.get("tool_gap_s", 0.0), f"call {index} tool_gap_s"),
+                blocks=tuple(_integer(b, f"call {index} blocks") for b in blocks),
             )
         )
     arrival = record.get("trace_arrival_s")
