@@ -3,6 +3,8 @@ x5 surge for 20 minutes from about half the critical rate)."""
 
 from functools import cache
 
+import pytest
+
 from basin.evaluate import Summary
 from basin.sim import Simulation, SimulationConfig, get_deployment
 from basin.sim.policies import build_policy
@@ -76,9 +78,19 @@ def test_continuum_keeps_reuse_and_basin_still_leads() -> None:
 
 
 def test_concur_contains_the_surge_less_well_than_basin() -> None:
-    concur, basin, hicache = run("concur"), run("basin"), run("hicache")
-    assert concur.goodput_sessions_per_h >= 1.3 * hicache.goodput_sessions_per_h
+    concur, basin = run("concur"), run("basin")
     assert basin.goodput_sessions_per_h >= 1.5 * concur.goodput_sessions_per_h  # paper: CONCUR 0.52 of BASIN
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="not reproduced (issue 15): with its authors' AND rule CONCUR cuts only once decode KV use passes"
+    " U_high, and on 1P3D decode use stays at 0.1-0.25 until the hit rate has collapsed, so it traps with"
+    " HiCache alone (204 vs 171 sessions/h, seed 0); the paper finds it preserving reuse with the host tier",
+)
+def test_concur_contains_the_surge_with_the_host_tier() -> None:
+    concur, hicache = run("concur"), run("hicache")
+    assert concur.goodput_sessions_per_h >= 1.3 * hicache.goodput_sessions_per_h
 
 
 def test_thunderagent_keeps_reuse_by_making_new_sessions_wait() -> None:
