@@ -127,6 +127,12 @@ class PopulationBalance:
     def __init__(self, model: FluidModel) -> None:
         self.n = model.population_grid()
         self.d = model.departures_per_min(self.n)
+        # Below this population every session is in a call or a tool run with no queue to wait in: the
+        # closed-loop bound is the tightest. Above it calls queue for prefill or decode (degraded service).
+        service = np.minimum(model.prefill_bound(self.n), model.decode_bound())
+        peak = self.n[int(np.argmax(self.d))]
+        free = (model.closed_loop(self.n) <= service) & (self.n <= peak)
+        self.queue_free = float(self.n[free].max()) if free.any() else 0.0
 
     def departures(self, population: float) -> float:
         return float(np.interp(population, self.n, self.d))
@@ -139,9 +145,10 @@ class PopulationBalance:
         return population
 
     def drain_minutes(self, peak: float, stable: float, rate: float) -> float | None:
-        """Minutes from `peak` until the excess over `stable` is down to RECOVERED_SHARE of its height;
-        None when that takes longer than DRAIN_LIMIT_MIN (or never happens)."""
-        target = stable + RECOVERED_SHARE * (peak - stable)
+        """Minutes from `peak` until calls no longer queue (the population is back below the queue-free
+        level, or within RECOVERED_SHARE of `stable`); None when that takes longer than DRAIN_LIMIT_MIN.
+        Sessions beyond that level only lengthen tool runs in progress: service is not degraded."""
+        target = max(self.queue_free, stable + RECOVERED_SHARE * (peak - stable))
         population, minutes = peak, 0.0
         while population > target:
             population += (rate - self.departures(population)) * STEP_MIN

@@ -1,0 +1,115 @@
+"""`basin plan`: the fluid model's surge verdicts, the ranking and the command as users run it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from basin.errors import BasinError
+from basin.fluid import FluidModel, FluidParameters, analyze
+from basin.plan import PopulationBalance, Surge, deployment_for, judge, plan, recommendation, splits
+from basin.workload import load_workload
+
+BASIN = str(Path(sys.executable).with_name("basin"))  # the checkout under test, never a `basin` on PATH
+
+
+@cache
+def pool():  # type: ignore[no-untyped-def]
+    return load_workload("terminal-bench", seed=0)
+
+
+def test_splits_cover_every_prefill_decode_division() -> None:
+    assert splits(4) == [(1, 3), (2, 2), (3, 1)]
+    with pytest.raises(BasinError, match="at least 2 GPUs"):
+        splits(1)
+
+
+@pytest.mark.parametrize("text", ["5", "x:20", "0.5:10", "2:0", "2:3:4"])
+def test_a_malformed_surge_is_refused(text: str) -> None:
+    with pytest.raises(BasinError):
+        Surge.parse(text)
+
+
+def test_the_papers_single_engine_recovers_from_a_third_more_but_not_from_double() -> None:
+    """§3 in the model: H100 1P1D GPU-only at 3.3 sessions/min, ten-minute surges."""
+    deployment = deployment_for("h100", 1, 1, 0.0)
+    third, double = (judge(deployment, pool(), 3.3, Surge(f, 10)) for f in (1.33, 2.0))
+    assert third.recovers and third.drain_minutes is not None
+    assert not double.recovers and double.surge_peak_population > double.n_unstable
+    assert 1.33 < third.max_recoverable_factor < 2.0
+
+
+def test_the_largest_recoverable_surge_is_the_boundary_of_the_verdict() -> None:
+    deployment = deployment_for("h200", 1, 3, 2.0)
+    candidate = judge(deployment, pool(), 8.0, Surge(5, 20))
+    largest = candidate.max_recoverable_factor
+    assert 1.0 < largest < 5.0
+    assert judge(deployment, pool(), 8.0, Surge(largest - 0.05, 20)).recovers
+    assert not judge(deployment, pool(), 8.0, Surge(largest + 0.05, 20)).recovers
+
+
+def test_a_surge_above_the_departure_peak_grows_the_population_and_it_drains_after() -> None:
+    deployment = deployment_for("h200", 2, 2, 10.0)
+    model = FluidModel(FluidParameters.from_workload(deployment, pool()))
+    analysis = analyze(model, 8.0)
+    balance = PopulationBalance(model)
+    assert analysis.n_stable is not None
+    end = balance.through_surge(analysis.n_stable, 8.0, Surge(5, 20))
+    assert end > analysis.n_stable + 100  # 40 sessions/min against a peak near 29
+    drain = balance.drain_minutes(end, analysis.n_stable, 8.0)
+    assert drain is not None and 0 < drain < 60
+
+
+def test_more_cache_recovers_from_more() -> None:
+    """Host tiers move the cliff (paper Fig. 2a): on a cache-first split the recoverable surge grows."""
+    ranked = plan(4, "h200", pool(), 8.0, Surge(5, 20), [0.0, 2.0, 10.0])
+    by_tier = {c.host_tier: c for c in ranked if (c.prefill, c.decode) == (1, 3)}
+    factors = [by_tier[t].max_recoverable_factor for t in (0.0, 2.0, 10.0)]
+    assert factors == sorted(factors) and factors[0] < factors[-1]
+    assert [c.max_recoverable_factor for c in ranked] == sorted(
+        (c.max_recoverable_factor for c in ranked), reverse=True
+    )
+    advice = recommendation(ranked, Surge(5, 20))
+    best = ranked[0]
+    assert advice.startswith(f"{best.prefill}P{best.decode}D with")
+
+
+def test_a_base_rate_no_split_sustains_is_said_plainly() -> None:
+    ranked = plan(2, "h100", pool(), 30.0, Surge(2, 10), [0.0])
+    assert all(c.max_recoverable_factor == 0 and not c.recovers for c in ranked)
+    assert recommendation(ranked, Surge(2, 10)).startswith("none of these splits sustains the base rate")
+
+
+def test_plan_command_prints_json_and_a_plot(tmp_path: Path) -> None:
+    out = tmp_path / "plan.png"
+    result = subprocess.run(
+        [BASIN, "plan", "--gpus", "4", "--base-rate", "8", "--surge", "5:20", "--host-tiers", "0,2",
+         "--json", "--plot", str(out)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    payload = json.loads(result.stdout)
+    assert len(payload["candidates"]) == 6 and payload["capacities"] == "presets"
+    assert payload["recommendation"]
+    assert out.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--gpus", "1", "--base-rate", "8"], "at least 2 GPUs"),
+        (["--gpus", "4", "--base-rate", "8", "--surge", "5"], "FACTOR:MINUTES"),
+        (["--gpus", "4", "--base-rate", "8", "--host-tiers", "2,x"], "--host-tiers"),
+        (["--gpus", "4", "--base-rate", "-1"], "--base-rate"),
+        (["--gpus", "4", "--base-rate", "8", "--plot", "/nonexistent/x.png"], "does not exist"),
+    ],
+)
+def test_bad_plan_options_are_one_line_errors(args: list[str], message: str) -> None:
+    result = subprocess.run([BASIN, "plan", *args], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
