@@ -49,13 +49,14 @@ def _meta(name: str, namespace: str, component: str, child: str | None = None) -
 
 
 def _resources(resources: Resources, gpus: int = 0) -> Manifest:
-    """Container resources; the GPU count goes into limits (an extended resource's request follows it)."""
+    """Container resources; the GPU count goes into limits (an extended resource's request follows it).
+    Quantities are strings: server-side apply of 1.20 rejects a bare number where a quantity goes."""
     out: Manifest = {}
     if resources.requests:
-        out["requests"] = dict(resources.requests)
-    limits = dict(resources.limits)
+        out["requests"] = {k: str(v) for k, v in resources.requests.items()}
+    limits = {k: str(v) for k, v in resources.limits.items()}
     if gpus:
-        limits["nvidia.com/gpu"] = gpus
+        limits["nvidia.com/gpu"] = str(gpus)
     if limits:
         out["limits"] = limits
     return out
@@ -100,13 +101,13 @@ def build_engine_deployment(name: str, namespace: str, spec: BasinDeploymentSpec
     """A prefill or decode Deployment of SGLang engines with the Basin engine extension enabled."""
     role: RoleSpec = spec.prefill if mode == "prefill" else spec.decode
     pod_labels = {**labels(name, mode), c.LABEL_ROLE: mode}
-    ports = [{"name": "http", "containerPort": c.ENGINE_PORT}]
+    ports = [{"name": "http", "containerPort": c.ENGINE_PORT, "protocol": "TCP"}]
     annotations = {}
     if mode == "prefill":
-        ports.append({"name": "bootstrap", "containerPort": c.BOOTSTRAP_PORT})
+        ports.append({"name": "bootstrap", "containerPort": c.BOOTSTRAP_PORT, "protocol": "TCP"})
         annotations[c.BOOTSTRAP_PORT_ANNOTATION] = str(c.BOOTSTRAP_PORT)
     else:
-        ports.append({"name": "units", "containerPort": c.UNIT_PORT})
+        ports.append({"name": "units", "containerPort": c.UNIT_PORT, "protocol": "TCP"})
     # The engine extension (docs/engine-ext.md): decode serves lent units on UNIT_PORT, prefill fetches
     # them there; both roles must agree on the port. φ caps the decode memory lent.
     env = [
@@ -225,8 +226,8 @@ def build_router_deployment(name: str, namespace: str, spec: BasinDeploymentSpec
         "command": ["python3", "-m", "sglang_router.launch_router"],
         "args": args,
         "ports": [
-            {"name": "http", "containerPort": c.ROUTER_PORT},
-            {"name": "metrics", "containerPort": c.ROUTER_METRICS_PORT},
+            {"name": "http", "containerPort": c.ROUTER_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": c.ROUTER_METRICS_PORT, "protocol": "TCP"},
         ],
         "readinessProbe": {"httpGet": {"path": "/health", "port": c.ROUTER_PORT}, "periodSeconds": 10},
         "resources": _resources(spec.router.resources),
@@ -251,7 +252,10 @@ def build_service(
 ) -> Manifest:
     spec: Manifest = {
         "selector": selector(name, component),
-        "ports": [{"name": port, "port": number, "targetPort": number} for port, number in ports.items()],
+        "ports": [
+            {"name": port, "port": number, "targetPort": number, "protocol": "TCP"}
+            for port, number in ports.items()
+        ],
     }
     if headless:
         spec["clusterIP"] = "None"
@@ -322,7 +326,7 @@ def build_gateway_deployment(name: str, namespace: str, spec: BasinDeploymentSpe
         "imagePullPolicy": spec.images.pull_policy,
         "command": ["basin", "gateway", "run"],
         "env": gateway_env(name, spec),
-        "ports": [{"name": "http", "containerPort": c.GATEWAY_PORT}],
+        "ports": [{"name": "http", "containerPort": c.GATEWAY_PORT, "protocol": "TCP"}],
         "readinessProbe": {"httpGet": {"path": "/health", "port": c.GATEWAY_PORT}, "periodSeconds": 5},
         "resources": _resources(spec.gateway.resources),
         "volumeMounts": mounts,
@@ -353,7 +357,7 @@ def build_redis_statefulset(name: str, namespace: str, spec: BasinDeploymentSpec
         "image": spec.images.redis,
         "imagePullPolicy": spec.images.pull_policy,
         "args": ["--save", "", "--appendonly", "no"],
-        "ports": [{"name": "redis", "containerPort": c.REDIS_PORT}],
+        "ports": [{"name": "redis", "containerPort": c.REDIS_PORT, "protocol": "TCP"}],
         "readinessProbe": {"tcpSocket": {"port": c.REDIS_PORT}, "periodSeconds": 5},
         "resources": _resources(spec.redis.resources),
     }

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from basin_operator.spec import BasinDeploymentSpec, Condition, ProfilingStatus, ReadyObservation
 
@@ -48,6 +49,24 @@ def set_condition(
     return [ordered[k] for k in CONDITION_TYPES if k in ordered] + [
         x for k, x in ordered.items() if k not in CONDITION_TYPES
     ]
+
+
+def merge_patch(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that turns `before` into `after`: only what changed, nested objects
+    patched key by key, and a null for every key `after` no longer has, at any depth (a merge patch that
+    sets a nested object merges it: without the nulls a failed attempt's `message` and `retryAt` would
+    survive onto the next record)."""
+    patch: dict[str, Any] = {}
+    for key, value in after.items():
+        old = before.get(key)
+        if old == value and key in before:
+            continue
+        if isinstance(value, dict) and isinstance(old, dict):
+            patch[key] = merge_patch(old, value)
+        else:
+            patch[key] = value
+    patch.update({key: None for key in before if key not in after})
+    return patch
 
 
 @dataclass(frozen=True)

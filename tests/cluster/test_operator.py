@@ -515,10 +515,9 @@ def test_drift_restart_and_garbage_collection(
         60,
         "the new operator to resume this object",
     )
-    ticks = log.read_text().count("Timer 'resync' succeeded")
-    wait_for(
-        lambda: log.read_text().count("Timer 'resync' succeeded") >= ticks + 3, 60, "three resync passes"
-    )
+    tick = f"Resync of {namespace}/x succeeded"
+    ticks = log.read_text().count(tick)
+    wait_for(lambda: log.read_text().count(tick) >= ticks + 3, 60, "three resync passes")
     assert children(cluster, namespace, "x") == before
 
     # Deleting the resource garbage-collects every child (owner references; no finalizer holds it).

@@ -63,7 +63,7 @@ def test_engine_flags() -> None:
     assert "--enable-hierarchical-cache" not in off
     deployment = builders.build_engine_deployment("x", "ns", s, "prefill")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    assert container["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert deployment["spec"]["template"]["metadata"]["annotations"] == {"sglang.ai/bootstrap-port": "8998"}
 
 

@@ -13,6 +13,7 @@ from basin_operator.state import (
     choose_attempt,
     classify,
     job_state,
+    merge_patch,
     observe_ready,
     plan_profiling,
     rfc3339,
@@ -152,3 +153,15 @@ def test_attempt_numbering_never_duplicates_a_job() -> None:
     assert choose_attempt(2, False, {}) == (2, True)
     assert choose_attempt(2, False, {2: "running"}) == (2, False)
     assert choose_attempt(3, False, {1: "failed: x", 2: "failed: y"}) == (3, True)
+
+
+def test_merge_patch_removes_keys_at_any_depth() -> None:
+    before = {"phase": "ProfilingFailed", "profiling": {"job": "j1", "message": "boom", "retryAt": "t"}}
+    after = {"phase": "Pending", "profiling": {"job": "j2"}}
+    assert merge_patch(before, after) == {
+        "phase": "Pending",
+        "profiling": {"job": "j2", "message": None, "retryAt": None},
+    }
+    assert merge_patch(after, after) == {}
+    assert merge_patch({"profile": {"kappa": 1}}, {}) == {"profile": None}
+    assert merge_patch({}, {"profile": {"kappa": 1}}) == {"profile": {"kappa": 1}}
