@@ -1,7 +1,7 @@
 """Pure `build_*` functions: a BasinDeployment spec in, child manifests out (plain dicts, no API calls).
 
-The handlers adopt these (owner reference), create the missing ones and replace those whose built spec
-changed (the `basin.dev/spec-hash` annotation). Every child carries the instance labels, so deleting the
+The handlers adopt these (owner reference) and server-side apply them on every pass (`kube.ensure`); the
+`basin.dev/spec-hash` annotation is a digest of the built child. Every child carries the instance labels, so deleting the
 BasinDeployment garbage-collects them and the router discovers engines by label, not by list.
 """
 

@@ -18,7 +18,7 @@ LABEL_PART_OF = "app.kubernetes.io/part-of"
 MANAGED_BY = "basin-operator"
 LABEL_ROLE = f"{PREFIX}/role"  # prefill or decode: what the router's service discovery selects on
 LABEL_FINGERPRINT = f"{PREFIX}/profile-fingerprint"
-ANNOTATION_SPEC_HASH = f"{PREFIX}/spec-hash"  # children are patched only when their built spec changes
+ANNOTATION_SPEC_HASH = f"{PREFIX}/spec-hash"  # a digest of the built child, for people and tools to compare
 
 # SGLang's router reads a prefill pod's bootstrap port from this annotation (sglang-router defaults).
 BOOTSTRAP_PORT_ANNOTATION = "sglang.ai/bootstrap-port"
