@@ -1,8 +1,8 @@
 """Pure `build_*` functions: a BasinDeployment spec in, child manifests out (plain dicts, no API calls).
 
 The handlers adopt these (owner reference) and server-side apply them on every pass (`kube.ensure`); the
-`basin.dev/spec-hash` annotation is a digest of the built child. Every child carries the instance labels, so deleting the
-BasinDeployment garbage-collects them and the router discovers engines by label, not by list.
+`basin.dev/spec-hash` annotation is a digest of the built child. Every child carries the instance labels,
+so deleting the BasinDeployment garbage-collects them and the router discovers engines by label.
 """
 
 from __future__ import annotations
