@@ -217,7 +217,9 @@ class ProfilingSpec(ApiModel):
     step_seconds: int = Field(720, ge=10, description="Length of one step, seconds.")
     on_scale: bool = Field(True, description="Profile again after every scale event.")
     debounce_seconds: int = Field(
-        300, ge=0, description="Ready replicas must stay changed this long before they trigger a profile."
+        300,
+        ge=0,
+        description="A new shape (spec scale or ready replicas) must hold this long before it is profiled.",
     )
     backoff_seconds: int = Field(60, ge=1, description="First retry delay after a failed profiling Job.")
     max_backoff_seconds: int = Field(

@@ -18,8 +18,11 @@ from test_operator import (
     finish_job,
     get,
     kubectl,
+    make_all_ready,
+    profile_for,
     resource,
     running_job,
+    set_pods_ready,
     wait_condition,
 )
 
@@ -104,3 +107,47 @@ def test_hand_edits_of_owned_fields_are_put_back(
     assert any(
         f.manager == "basin-operator" and f.operation == "Apply" for f in gateway.metadata.managed_fields
     )
+
+
+def test_a_spec_scale_waits_for_the_debounce_and_recovery_is_debounced_too(
+    cluster: Cluster, operator_process: OperatorProcess, namespace: str
+) -> None:
+    """An autoscaler on the scale subresource must not restart profiling on every step: a spec scale is
+    profiled once the new shape has held for the debounce, and the running Job is kept meanwhile; ready
+    replicas that recover are profiled again only once they hold again."""
+    create(cluster, namespace, resource("x", profiling={"debounceSeconds": 4}))
+    first = running_job(cluster, namespace, "x")
+    make_all_ready(cluster, namespace, "x")
+    cluster.custom.patch_namespaced_custom_object_scale(
+        GROUP, VERSION, namespace, PLURAL, "x", {"spec": {"replicas": 2}}
+    )
+    generation = get(cluster, namespace, "x")["metadata"]["generation"]
+    wait_for(
+        lambda: get(cluster, namespace, "x")["status"].get("observedGeneration") == generation,
+        30,
+        "the operator to see the scaled spec",
+    )
+    assert get(cluster, namespace, "x")["status"]["profiling"]["job"] == first["job"]
+    assert cluster.batch.read_namespaced_job(first["job"], namespace).metadata.deletion_timestamp is None
+    set_pods_ready(cluster, namespace, "x", "prefill", 2)
+    second = running_job(cluster, namespace, "x", exclude=(first["job"],))
+    assert (second["prefillReplicas"], second["trigger"]) == (2, "scale")
+    finish_job(cluster, namespace, second["job"], profile_for(second, 1.2, 7.0))
+    wait_condition(cluster, namespace, "x", "Profiled", "True")
+
+    # One prefill pod stops being ready and stays so: the serving shape is profiled ...
+    set_pods_ready(cluster, namespace, "x", "prefill", 1, ready=False)
+    # (the first Job was deleted when superseded, so this one may reuse its name)
+    third = running_job(cluster, namespace, "x", exclude=(second["job"],))
+    assert (third["prefillReplicas"], third["trigger"]) == (1, "ready replicas")
+    assert third["fingerprint"] == first["fingerprint"]
+    # ... and when it is ready again, the spec's shape only once that has held again.
+    set_pods_ready(cluster, namespace, "x", "prefill", 2)
+    wait_for(
+        lambda: get(cluster, namespace, "x")["status"]["readyObserved"]["prefill"] == 2,
+        30,
+        "the operator to see the recovered replicas",
+    )
+    assert get(cluster, namespace, "x")["status"]["profiling"]["job"] == third["job"]
+    fourth = running_job(cluster, namespace, "x", exclude=(second["job"], third["job"]))
+    assert (fourth["prefillReplicas"], fourth["fingerprint"]) == (2, second["fingerprint"])
