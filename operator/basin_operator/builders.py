@@ -88,6 +88,12 @@ def engine_args(spec: BasinDeploymentSpec, mode: str) -> list[str]:
     ]  # fmt: skip
     if mode == "prefill":
         args += ["--disaggregation-bootstrap-port", str(c.BOOTSTRAP_PORT)]
+    # Reservation at prefill completion (docs/engine-ext.md): the policy on both roles, over NIXL.
+    backend = spec.disaggregation.backend()
+    if backend is not None:
+        args += ["--disaggregation-transfer-backend", backend]
+    if spec.disaggregation.decode_allocation != "early":
+        args += ["--disaggregation-decode-allocation-policy", spec.disaggregation.decode_allocation]
     if role.hicache.host_ratio > 0:
         args += [
             "--enable-hierarchical-cache",
@@ -109,12 +115,14 @@ def build_engine_deployment(name: str, namespace: str, spec: BasinDeploymentSpec
     else:
         ports.append({"name": "units", "containerPort": c.UNIT_PORT, "protocol": "TCP"})
     # The engine extension (docs/engine-ext.md): decode serves lent units on UNIT_PORT, prefill fetches
-    # them there; both roles must agree on the port. φ caps the decode memory lent.
+    # them there; both roles must agree on the port. φ caps the decode memory lent: only decode's lender
+    # reads it, so it sits in decode's pod template alone and a change of φ rolls decode, not prefill.
     env = [
         {"name": c.ENGINE_PLUGIN_ENV, "value": c.ENGINE_PLUGIN},
         {"name": "BASIN_ENGINE_UNIT_PORT", "value": str(c.UNIT_PORT)},
-        {"name": "BASIN_ENGINE_LEND_CAP", "value": str(spec.gateway.policy.lend_cap)},
     ]
+    if mode == "decode":
+        env.append({"name": "BASIN_ENGINE_LEND_CAP", "value": str(spec.gateway.policy.lend_cap)})
     container = {
         "name": "engine",
         "image": spec.images.engine,
@@ -167,10 +175,10 @@ def build_role(name: str, namespace: str, component: str) -> Manifest:
                 "apiGroups": [""],
                 "resources": ["configmaps"],
                 "resourceNames": [profile],
-                "verbs": ["get", "watch"],
+                # list and watch with the field selector metadata.name=<profile> are authorized against
+                # resourceNames, so the gateway can watch its profile without reading other ConfigMaps
+                "verbs": ["get", "list", "watch"],
             },
-            # watch by name needs list with a field selector on the collection
-            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list"]},
         ],
         "profiler": [
             {
@@ -401,6 +409,15 @@ def profile_fingerprint(spec: BasinDeploymentSpec, prefill: int, decode: int) ->
     )
 
 
+def profile_deadline_seconds(spec: BasinDeploymentSpec) -> int:
+    """How long a profiling Job may run: `profiling.deadlineSeconds`, else twice its planned ramps plus
+    ten minutes for start-up (images, warm-up)."""
+    profiling = spec.profiling
+    if profiling.deadline_seconds is not None:
+        return profiling.deadline_seconds
+    return 2 * profiling.ramps * profiling.steps * profiling.step_seconds + 600
+
+
 def profile_job_name(name: str, fingerprint: str, attempt: int) -> str:
     """Deterministic, so a restarted operator finds the Job it started instead of starting another."""
     return f"{c.child_name(name, 'profile')}-{fingerprint}-{attempt}"
@@ -454,6 +471,10 @@ def build_profile_job(
         },
         "spec": {
             "backoffLimit": 0,
+            "activeDeadlineSeconds": profile_deadline_seconds(spec),
+            # Honoured where the API has it (beta from Kubernetes 1.21); the operator also deletes
+            # superseded finished Jobs itself (`handlers._clean_up_jobs`).
+            "ttlSecondsAfterFinished": c.JOB_TTL_SECONDS,
             "template": {
                 "metadata": {"labels": job_labels},
                 "spec": {

@@ -45,6 +45,12 @@ ENGINE_PLUGIN = "basin"
 # The longest child name is "<name>-profile-<10 hex>-<attempt>"; Job pods carry it in a 63-character label.
 MAX_NAME_LENGTH = 40
 
+# A finished profiling Job is kept a day where the API honours ttlSecondsAfterFinished: long enough for
+# the operator to collect it and for a person to read its logs.
+JOB_TTL_SECONDS = 86_400
+# Besides the current Job, the operator keeps this many of the latest finished ones (their pods' logs).
+KEEP_FINISHED_JOBS = 1
+
 COMPONENTS = ("prefill", "decode", "router", "gateway", "redis", "profiler")
 
 

@@ -281,7 +281,26 @@ def _profiling(
     if profile is not None:
         state = "fresh" if profile.fingerprint == fingerprint else "stale"
         profile = profile.model_copy(update={"state": state})
+    if profiling is not None:
+        _clean_up_jobs(name, namespace, profiling.job, logger)
     return profiling, profile
+
+
+def _clean_up_jobs(name: str, namespace: str, current: str, logger: Any) -> None:
+    """Delete finished profiling Jobs other than `current` and the latest `KEEP_FINISHED_JOBS` (whose pod
+    logs one may still want): without this every retry and reprofile leaves a Job and a pod behind, on
+    clusters whose API ignores ttlSecondsAfterFinished too."""
+    jobs = [
+        job
+        for job in kube.list_objects("batch/v1", "Job", namespace, builders.selector_string(name, "profiler"))
+        if job["metadata"]["name"] != current
+        and not job["metadata"].get("deletionTimestamp")
+        and job_state(job) not in (None, "running")
+    ]
+    jobs.sort(key=lambda job: job["metadata"]["creationTimestamp"], reverse=True)
+    for job in jobs[c.KEEP_FINISHED_JOBS :]:
+        kube.delete("batch/v1", "Job", job["metadata"]["name"], namespace)
+        logger.info(f"deleted finished Job {job['metadata']['name']}: superseded")
 
 
 def _write_status(

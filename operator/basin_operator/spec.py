@@ -204,6 +204,32 @@ class RedisSpec(ApiModel):
     )
 
 
+class DisaggregationSpec(ApiModel):
+    """How prefill hands requests to decode: SGLang's PD flags, set on both engine roles."""
+
+    decode_allocation: Literal["early", "prefill_complete"] = Field(
+        "early",
+        description=(
+            "When decode reserves KV for a request (--disaggregation-decode-allocation-policy): early"
+            " (SGLang's default, at bootstrap) or prefill_complete (reservation at prefill completion,"
+            " which the Basin engine extension accepts on NIXL)."
+        ),
+    )
+    transfer_backend: Literal["mooncake", "nixl"] | None = Field(
+        None,
+        description=(
+            "KV transfer backend (--disaggregation-transfer-backend); unset: nixl with"
+            " decodeAllocation prefill_complete, else SGLang's default (mooncake)."
+        ),
+    )
+
+    def backend(self) -> str | None:
+        """The transfer backend to pass, None for SGLang's default."""
+        if self.transfer_backend is not None:
+            return self.transfer_backend
+        return "nixl" if self.decode_allocation == "prefill_complete" else None
+
+
 class ProfilingSpec(ApiModel):
     """The profiling Job: stepped load ramps through the gateway that fit κ and λc."""
 
@@ -225,6 +251,14 @@ class ProfilingSpec(ApiModel):
     max_backoff_seconds: int = Field(
         3600, ge=1, description="Longest retry delay (the delay doubles per failure)."
     )
+    deadline_seconds: int | None = Field(
+        None,
+        ge=60,
+        description=(
+            "activeDeadlineSeconds of a profiling Job; unset: twice ramps x steps x stepSeconds plus"
+            " 600 s (a hung profiler fails and is retried instead of running forever)."
+        ),
+    )
     resources: Resources = Field(
         default_factory=Resources, description="Requests and limits of the Job's pod."
     )
@@ -245,6 +279,9 @@ class BasinDeploymentSpec(ApiModel):
     prefill: RoleSpec = Field(default_factory=RoleSpec, description="Prefill engines.")
     decode: DecodeRoleSpec = Field(default_factory=DecodeRoleSpec, description="Decode engines.")
     router: RouterSpec = Field(default_factory=RouterSpec, description="SGLang PD router.")
+    disaggregation: DisaggregationSpec = Field(
+        default_factory=DisaggregationSpec, description="Prefill-to-decode handoff (SGLang PD flags)."
+    )
     gateway: GatewaySpec = Field(default_factory=GatewaySpec, description="Basin session gateway.")
     redis: RedisSpec = Field(default_factory=RedisSpec, description="Gateway state store.")
     profiling: ProfilingSpec = Field(default_factory=ProfilingSpec, description="Profiling Job settings.")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 from harness import Cluster, OperatorProcess, wait_for
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from test_operator import (
     EXPECTED,
@@ -151,3 +152,101 @@ def test_a_spec_scale_waits_for_the_debounce_and_recovery_is_debounced_too(
     assert get(cluster, namespace, "x")["status"]["profiling"]["job"] == third["job"]
     fourth = running_job(cluster, namespace, "x", exclude=(second["job"], third["job"]))
     assert (fourth["prefillReplicas"], fourth["fingerprint"]) == (2, second["fingerprint"])
+
+
+def test_finished_profiling_jobs_do_not_pile_up(
+    cluster: Cluster, operator_process: OperatorProcess, namespace: str
+) -> None:
+    """Every retry used to leave its failed Job (and pod) behind for good; now the current Job and the
+    latest finished one stay, older ones go, and every Job has a deadline."""
+    create(cluster, namespace, resource("x"))
+    first = running_job(cluster, namespace, "x")
+    job = cluster.batch.read_namespaced_job(first["job"], namespace)
+    assert job.spec.active_deadline_seconds == 2 * 4 * 8 * 720 + 600
+    finish_job(cluster, namespace, first["job"], None, succeed=False)
+    second = running_job(cluster, namespace, "x", exclude=(first["job"],))
+    finish_job(cluster, namespace, second["job"], None, succeed=False)
+    third = running_job(cluster, namespace, "x", exclude=(first["job"], second["job"]))
+
+    def names() -> list[str]:
+        return sorted(j.metadata.name for j in cluster.batch.list_namespaced_job(namespace).items)
+
+    wait_for(lambda: names() == sorted([second["job"], third["job"]]), 30, "only the latest two Jobs left")
+
+
+def test_reservation_at_prefill_completion_sets_the_engine_flags(
+    cluster: Cluster, operator_process: OperatorProcess, namespace: str
+) -> None:
+    """`disaggregation.decodeAllocation: prefill_complete` puts the policy and NIXL on both roles."""
+    create(cluster, namespace, resource("x", disaggregation={"decodeAllocation": "prefill_complete"}))
+    create(cluster, namespace, resource("y"))
+    wait_children(cluster, namespace)
+    wait_for(lambda: cluster.apps.read_namespaced_deployment("y-decode", namespace), 60, "y's engines")
+    for role in ("prefill", "decode"):
+        args = (
+            cluster.apps.read_namespaced_deployment(f"x-{role}", namespace)
+            .spec.template.spec.containers[0]
+            .args
+        )
+        assert args[args.index("--disaggregation-transfer-backend") + 1] == "nixl"
+        assert args[args.index("--disaggregation-decode-allocation-policy") + 1] == "prefill_complete"
+        plain = (
+            cluster.apps.read_namespaced_deployment(f"y-{role}", namespace)
+            .spec.template.spec.containers[0]
+            .args
+        )
+        assert "--disaggregation-decode-allocation-policy" not in plain
+        assert "--disaggregation-transfer-backend" not in plain
+
+
+def test_the_gateway_reads_only_its_profile_configmap(
+    cluster: Cluster, operator_process: OperatorProcess, namespace: str
+) -> None:
+    """The gateway's Role lets it get, list and watch its profile ConfigMap by name and nothing else."""
+    create(cluster, namespace, resource("x"))
+    wait_children(cluster, namespace)
+    user = f"system:serviceaccount:{namespace}:x-gateway"
+
+    def allowed(verb: str, name: str = "") -> bool:
+        attributes = {"verb": verb, "resource": "configmaps", "namespace": namespace}
+        if name:
+            attributes["name"] = name
+        review = client.AuthorizationV1Api(cluster.api).create_subject_access_review(
+            {"spec": {"user": user, "resourceAttributes": attributes}}
+        )
+        return review.status.allowed
+
+    assert allowed("get", "x-profile") and allowed("watch", "x-profile") and allowed("list", "x-profile")
+    assert not allowed("list") and not allowed("watch") and not allowed("get", "someone-elses")
+
+
+def test_a_policy_edit_rolls_only_the_children_it_concerns(
+    cluster: Cluster, operator_process: OperatorProcess, namespace: str
+) -> None:
+    """φ is read by decode's lender alone: editing it rolls decode and the gateway, never prefill; editing
+    another policy value rolls the gateway only."""
+    create(cluster, namespace, resource("x"))
+    wait_children(cluster, namespace)
+
+    def generations() -> dict[str, int]:
+        return {
+            role: cluster.apps.read_namespaced_deployment(f"x-{role}", namespace).metadata.generation
+            for role in ("prefill", "decode", "router", "gateway")
+        }
+
+    before = generations()
+    cluster.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "x", {"spec": {"gateway": {"policy": {"margin": 0.8}}}}
+    )
+    wait_for(lambda: generations()["gateway"] > before["gateway"], 30, "the gateway to roll")
+    after_margin = generations()
+    assert {k: v for k, v in after_margin.items() if k != "gateway"} == {
+        k: v for k, v in before.items() if k != "gateway"
+    }
+    cluster.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "x", {"spec": {"gateway": {"policy": {"lendCap": 0.3}}}}
+    )
+    wait_for(lambda: generations()["decode"] > after_margin["decode"], 30, "decode to roll")
+    wait_for(lambda: generations()["gateway"] > after_margin["gateway"], 30, "the gateway to roll")
+    final = generations()
+    assert (final["prefill"], final["router"]) == (before["prefill"], before["router"])

@@ -153,7 +153,8 @@ def test_engine_pods_enable_the_plugin_by_its_entry_point_name() -> None:
     assert plugins[constants.ENGINE_PLUGIN].startswith("basin_engine_ext:")
 
 
-def test_both_engine_roles_agree_on_the_unit_port_and_carry_the_lend_cap() -> None:
+def test_both_engine_roles_agree_on_the_unit_port_and_only_decode_carries_the_lend_cap() -> None:
+    """φ is read by decode's lender alone; in prefill's pod template a φ edit would roll prefill too."""
     from basin_operator import constants
 
     shaped = spec(gateway={"policy": {"lendCap": 0.3}})
@@ -163,7 +164,36 @@ def test_both_engine_roles_agree_on_the_unit_port_and_carry_the_lend_cap() -> No
         container = pod["containers"][0]
         envs[mode] = {e["name"]: e["value"] for e in container["env"]}
         assert envs[mode]["BASIN_ENGINE_UNIT_PORT"] == str(constants.UNIT_PORT)
-        assert envs[mode]["BASIN_ENGINE_LEND_CAP"] == "0.3"
+        assert envs[mode].get("BASIN_ENGINE_LEND_CAP") == ("0.3" if mode == "decode" else None)
         assert envs[mode][constants.ENGINE_PLUGIN_ENV] == constants.ENGINE_PLUGIN
     decode_ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert decode_ports["units"] == constants.UNIT_PORT
+
+
+def test_reservation_at_prefill_completion_flags() -> None:
+    def args(mode: str, **extra: object) -> list[str]:
+        return builders.engine_args(spec(**extra), mode)
+
+    for mode in ("prefill", "decode"):
+        assert "--disaggregation-transfer-backend" not in args(mode)
+        assert "--disaggregation-decode-allocation-policy" not in args(mode)
+        reserved = args(mode, disaggregation={"decodeAllocation": "prefill_complete"})
+        assert reserved[reserved.index("--disaggregation-transfer-backend") + 1] == "nixl"
+        assert reserved[reserved.index("--disaggregation-decode-allocation-policy") + 1] == "prefill_complete"
+        mooncake = args(mode, disaggregation={"transferBackend": "mooncake"})
+        assert mooncake[mooncake.index("--disaggregation-transfer-backend") + 1] == "mooncake"
+
+
+def test_profiling_job_has_a_deadline_and_a_ttl() -> None:
+    job = builders.build_profile_job("x", "ns", spec(), "f", 1, 1, 1)["spec"]
+    assert job["activeDeadlineSeconds"] == 2 * 4 * 8 * 720 + 600
+    assert job["ttlSecondsAfterFinished"] > 0 and job["backoffLimit"] == 0
+    short = spec(profiling={"deadlineSeconds": 900})
+    assert builders.build_profile_job("x", "ns", short, "f", 1, 1, 1)["spec"]["activeDeadlineSeconds"] == 900
+
+
+def test_the_gateway_role_names_its_configmap() -> None:
+    rules = builders.build_role("x", "ns", "gateway")["rules"]
+    for rule in rules:
+        if "configmaps" in rule["resources"]:
+            assert rule["resourceNames"] == ["x-profile"]
