@@ -256,12 +256,20 @@ def build_router_deployment(name: str, namespace: str, spec: BasinDeploymentSpec
 
 
 def build_service(
-    name: str, namespace: str, component: str, ports: dict[str, int], headless: bool = False
+    name: str,
+    namespace: str,
+    component: str,
+    ports: dict[str, int],
+    headless: bool = False,
+    target: str | None = None,
+    target_port: int | None = None,
 ) -> Manifest:
+    """A Service named for `component`, selecting the pods of `target` (default: the same component) on
+    `target_port` (default: each port's own number)."""
     spec: Manifest = {
-        "selector": selector(name, component),
+        "selector": selector(name, target or component),
         "ports": [
-            {"name": port, "port": number, "targetPort": number, "protocol": "TCP"}
+            {"name": port, "port": number, "targetPort": target_port or number, "protocol": "TCP"}
             for port, number in ports.items()
         ],
     }
@@ -272,6 +280,64 @@ def build_service(
         "kind": "Service",
         "metadata": _meta(name, namespace, component),
         "spec": spec,
+    }
+
+
+def engine_component(spec: BasinDeploymentSpec, role: str) -> str:
+    """The component whose pods serve `role` (prefill, decode, router): the emulator's in emulated mode."""
+    return "emulator" if spec.emulator.enabled else role
+
+
+def emulator_args(spec: BasinDeploymentSpec) -> list[str]:
+    """`basin emulate` arguments: the preset, host tier, allocation policy and time scale from the spec,
+    serving on the router's port so the router Service needs no other target."""
+    args = [
+        "emulate",
+        "--deployment", spec.emulator_preset(),
+        "--host-tier", f"{spec.prefill.hicache.host_ratio:g}",
+        "--allocation-policy", spec.disaggregation.decode_allocation,
+        "--time-scale", f"{spec.emulator.time_scale:g}",
+        "--model-name", spec.model.served_name or spec.model.path,
+        "--host", "0.0.0.0",
+        "--port", str(c.ROUTER_PORT),
+        "--lending",
+    ]  # fmt: skip
+    if spec.router.policy == "cache_aware":
+        args += ["--router", "cache_aware"]
+    return args
+
+
+def build_emulator_deployment(name: str, namespace: str, spec: BasinDeploymentSpec) -> Manifest:
+    """The emulated-engine mode's one pod: `basin emulate` in the Basin image, standing in for the
+    prefill and decode engines and the router (one process: its engine model holds every instance)."""
+    container = {
+        "name": "emulator",
+        "image": spec.images.basin,
+        "imagePullPolicy": spec.images.pull_policy,
+        "command": ["basin"],
+        "args": emulator_args(spec),
+        "ports": [{"name": "http", "containerPort": c.ROUTER_PORT, "protocol": "TCP"}],
+        "readinessProbe": {"httpGet": {"path": "/health", "port": c.ROUTER_PORT}, "periodSeconds": 5},
+        "livenessProbe": {
+            "httpGet": {"path": "/health_generate", "port": c.ROUTER_PORT},
+            "periodSeconds": 30,
+            "timeoutSeconds": 25,
+            "failureThreshold": 3,
+        },
+        "resources": _resources(spec.emulator.resources),
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(name, namespace, "emulator"),
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": selector(name, "emulator")},
+            "template": {
+                "metadata": {"labels": labels(name, "emulator")},
+                "spec": {"automountServiceAccountToken": False, "containers": [container]},
+            },
+        },
     }
 
 
@@ -291,9 +357,9 @@ def gateway_env(name: str, spec: BasinDeploymentSpec) -> list[Manifest]:
         "BASIN_SESSION_HEADER": spec.gateway.session_header,
         "BASIN_PROFILE_PATH": f"{c.PROFILE_MOUNT}/{c.PROFILE_KEY}",
         "BASIN_PROFILE_CONFIGMAP": c.child_name(name, "profile"),
-        "BASIN_PREFILL_SELECTOR": selector_string(name, "prefill"),
-        "BASIN_DECODE_SELECTOR": selector_string(name, "decode"),
-        "BASIN_ENGINE_PORT": str(c.ENGINE_PORT),
+        "BASIN_PREFILL_SELECTOR": selector_string(name, engine_component(spec, "prefill")),
+        "BASIN_DECODE_SELECTOR": selector_string(name, engine_component(spec, "decode")),
+        "BASIN_ENGINE_PORT": str(c.ROUTER_PORT if spec.emulator.enabled else c.ENGINE_PORT),
         "BASIN_POLICY_INTERVAL_S": f"{policy.control_interval_seconds:g}",
         "BASIN_POLICY_FAST_INTERVAL_S": f"{policy.fast_control_interval_seconds:g}",
         "BASIN_POLICY_MARGIN": f"{policy.margin:g}",
@@ -304,6 +370,9 @@ def gateway_env(name: str, spec: BasinDeploymentSpec) -> list[Manifest]:
         "BASIN_POLICY_SHED_AFTER_S": f"{policy.shed_after_seconds:g}",
         "BASIN_POLICY_PRIORITY_RATE": f"{policy.priority_rate:g}",
     }
+    if spec.emulator.enabled:
+        # One emulator pod answers for both roles; its /metrics labels each series with engine_type.
+        values["BASIN_ENGINES_EMULATED"] = "1"
     if spec.gateway.predictor is not None:
         values["BASIN_PREDICTOR_PATH"] = f"{c.PREDICTOR_MOUNT}/{spec.gateway.predictor.key}"
     env: list[Manifest] = [{"name": k, "value": v} for k, v in values.items()]
@@ -487,10 +556,26 @@ def build_profile_job(
     }
 
 
+def obsolete_children(name: str, spec: BasinDeploymentSpec) -> list[tuple[str, str, str]]:
+    """(apiVersion, kind, name) of children the other engine mode has and this one must not: switching the
+    emulator on or off removes them."""
+    if spec.emulator.enabled:
+        deployments = [c.child_name(name, role) for role in ("prefill", "decode", "router")]
+        router = c.child_name(name, "router")
+        rbac = "rbac.authorization.k8s.io/v1"
+        return [("apps/v1", "Deployment", d) for d in deployments] + [
+            ("v1", "ServiceAccount", router),
+            (rbac, "Role", router),
+            (rbac, "RoleBinding", router),
+        ]
+    return [("apps/v1", "Deployment", c.child_name(name, "emulator"))]
+
+
 def build_children(name: str, namespace: str, spec: BasinDeploymentSpec) -> list[Manifest]:
     """Every long-lived child, in creation order (identities and state before the pods that use them)."""
     children: list[Manifest] = []
-    for component in ("router", "gateway", "profiler"):
+    emulated = spec.emulator.enabled
+    for component in ("gateway", "profiler") if emulated else ("router", "gateway", "profiler"):
         children += [
             build_service_account(name, namespace, component),
             build_role(name, namespace, component),
@@ -502,11 +587,23 @@ def build_children(name: str, namespace: str, spec: BasinDeploymentSpec) -> list
             build_service(name, namespace, "redis", {"redis": c.REDIS_PORT}, headless=True),
             build_redis_statefulset(name, namespace, spec),
         ]
+    router_ports = {"http": c.ROUTER_PORT, "metrics": c.ROUTER_METRICS_PORT}
+    if emulated:
+        # The same Service the gateway calls, onto the emulator (whose metrics share its HTTP port).
+        children += [
+            build_emulator_deployment(name, namespace, spec),
+            build_service(
+                name, namespace, "router", router_ports, target="emulator", target_port=c.ROUTER_PORT
+            ),
+        ]
+    else:
+        children += [
+            build_engine_deployment(name, namespace, spec, "prefill"),
+            build_engine_deployment(name, namespace, spec, "decode"),
+            build_router_deployment(name, namespace, spec),
+            build_service(name, namespace, "router", router_ports),
+        ]
     children += [
-        build_engine_deployment(name, namespace, spec, "prefill"),
-        build_engine_deployment(name, namespace, spec, "decode"),
-        build_router_deployment(name, namespace, spec),
-        build_service(name, namespace, "router", {"http": c.ROUTER_PORT, "metrics": c.ROUTER_METRICS_PORT}),
         build_gateway_deployment(name, namespace, spec),
         build_service(name, namespace, "gateway", {"http": c.GATEWAY_PORT}),
     ]

@@ -51,7 +51,7 @@ JOB_TTL_SECONDS = 86_400
 # Besides the current Job, the operator keeps this many of the latest finished ones (their pods' logs).
 KEEP_FINISHED_JOBS = 1
 
-COMPONENTS = ("prefill", "decode", "router", "gateway", "redis", "profiler")
+COMPONENTS = ("prefill", "decode", "router", "gateway", "redis", "profiler", "emulator")
 
 
 def child_name(parent: str, component: str) -> str:

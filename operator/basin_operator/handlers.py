@@ -129,6 +129,12 @@ def reconcile(name: str, namespace: str, emit: Emit, logger: Any) -> None:
             emit("Normal", result.capitalize(), f"{result} {what}")
             logger.info(f"{result} {what}")
 
+    for api_version, kind, child in builders.obsolete_children(name, spec):
+        if kube.get(api_version, kind, child, namespace) is not None:
+            kube.delete(api_version, kind, child, namespace)
+            emit("Normal", "Deleted", f"deleted {kind} {child}: not part of this engine mode")
+            logger.info(f"deleted {kind} {child}")
+
     wanted = {"prefill": spec.prefill.replicas, "decode": spec.decode.replicas, "router": 1}
     wanted["gateway"] = spec.gateway.replicas
     parts = {
@@ -138,6 +144,12 @@ def reconcile(name: str, namespace: str, emit: Emit, logger: Any) -> None:
         )
         for what, count in wanted.items()
     }
+    if spec.emulator.enabled:
+        # One emulator pod stands in for every engine and the router: while it is ready, so are they all.
+        emulator = _readiness("Deployment", c.child_name(name, "emulator"), namespace, 1)
+        for what in ("prefill", "decode", "router"):
+            ready = None if emulator.ready is None else (wanted[what] if emulator.ok else 0)
+            parts[f"{what.capitalize()}Ready"] = (f"{what} (emulated)", Readiness(ready, wanted[what]))
     redis = None
     if spec.redis.mode == "managed":
         redis = _readiness("StatefulSet", c.child_name(name, "redis"), namespace, 1)

@@ -230,6 +230,30 @@ class DisaggregationSpec(ApiModel):
         return "nixl" if self.decode_allocation == "prefill_complete" else None
 
 
+EMULATOR_PRESETS = ("h100-1p1d", "h200-1p1d", "h200-1p2d", "h200-1p3d", "h200-2p6d")  # basin emulate
+
+
+class EmulatorSpec(ApiModel):
+    """The emulated-engine mode: `basin emulate` (the calibrated engine model behind SGLang's HTTP API) in
+    place of the prefill and decode engines and the router, behind the same Service, so the control plane
+    runs on clusters without GPUs (demos, CI, kind)."""
+
+    enabled: bool = Field(False, description="Run the emulator instead of SGLang engines and the router.")
+    preset: str | None = Field(
+        None,
+        description=(
+            "Emulated deployment preset (basin emulate --deployment); unset: <gpuKind>-<P>p<D>d from the"
+            " replica counts, which must name a preset."
+        ),
+    )
+    time_scale: float = Field(
+        1.0, gt=0, description="Model seconds per wall second (basin emulate --time-scale)."
+    )
+    resources: Resources = Field(
+        default_factory=Resources, description="Requests and limits of the emulator pod."
+    )
+
+
 class ProfilingSpec(ApiModel):
     """The profiling Job: stepped load ramps through the gateway that fit κ and λc."""
 
@@ -282,9 +306,18 @@ class BasinDeploymentSpec(ApiModel):
     disaggregation: DisaggregationSpec = Field(
         default_factory=DisaggregationSpec, description="Prefill-to-decode handoff (SGLang PD flags)."
     )
+    emulator: EmulatorSpec = Field(
+        default_factory=EmulatorSpec, description="Emulated engines instead of GPUs (basin emulate)."
+    )
     gateway: GatewaySpec = Field(default_factory=GatewaySpec, description="Basin session gateway.")
     redis: RedisSpec = Field(default_factory=RedisSpec, description="Gateway state store.")
     profiling: ProfilingSpec = Field(default_factory=ProfilingSpec, description="Profiling Job settings.")
+
+    def emulator_preset(self) -> str:
+        """The preset the emulator runs: `emulator.preset`, else the one named by GPU kind and replicas."""
+        if self.emulator.preset:
+            return self.emulator.preset
+        return f"{self.gpu_kind}-{self.prefill.replicas}p{self.decode.replicas}d"
 
     def check(self) -> list[str]:
         """Cross-field problems, each naming its field (the apiserver checks everything else)."""
@@ -299,6 +332,12 @@ class BasinDeploymentSpec(ApiModel):
             problems.append(f"spec.redis.url: must start with redis:// or rediss://, got {self.redis.url!r}")
         if self.redis.mode == "managed" and (self.redis.url or self.redis.password_secret):
             problems.append("spec.redis.url/passwordSecret: only for spec.redis.mode external")
+        if self.emulator.enabled and self.emulator_preset() not in EMULATOR_PRESETS:
+            field = "spec.emulator.preset" if self.emulator.preset else "spec.emulator.preset (derived)"
+            problems.append(
+                f"{field}: {self.emulator_preset()!r} is not an emulator preset;"
+                f" one of {', '.join(EMULATOR_PRESETS)}"
+            )
         if self.profiling.max_backoff_seconds < self.profiling.backoff_seconds:
             problems.append(
                 "spec.profiling.maxBackoffSeconds: must be at least spec.profiling.backoffSeconds"

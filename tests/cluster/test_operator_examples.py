@@ -14,7 +14,7 @@ from basin_operator.handlers import spec_problems
 pytestmark = pytest.mark.cluster
 
 
-@pytest.mark.parametrize("name", ["minimal", "full"])
+@pytest.mark.parametrize("name", ["minimal", "full", "emulated"])
 def test_example_is_valid_against_the_crd(cluster: Cluster, crd: dict, namespace: str, name: str) -> None:
     body = yaml.safe_load((Path(REPO) / "examples" / f"{name}.yaml").read_text())
     created = cluster.custom.create_namespaced_custom_object(

@@ -250,3 +250,62 @@ def test_a_policy_edit_rolls_only_the_children_it_concerns(
     wait_for(lambda: generations()["gateway"] > after_margin["gateway"], 30, "the gateway to roll")
     final = generations()
     assert (final["prefill"], final["router"]) == (before["prefill"], before["router"])
+
+
+def test_emulated_engines_run_behind_the_router_service(
+    cluster: Cluster, operator_process: OperatorProcess, namespace: str
+) -> None:
+    """`emulator.enabled`: one `basin emulate` Deployment in place of prefill, decode and router, behind
+    the `<name>-router` Service, with the preset and time scale from the spec; readiness follows it; and
+    switching the mode off brings the engines back and removes the emulator."""
+    create(
+        cluster,
+        namespace,
+        resource("x", decode={"replicas": 3}, emulator={"enabled": True, "timeScale": 10}),
+    )
+    emulated = {
+        "Deployment": ["x-emulator", "x-gateway"],
+        "StatefulSet": ["x-redis"],
+        "Service": ["x-gateway", "x-redis", "x-router"],
+        "ServiceAccount": ["x-gateway", "x-profiler"],
+        "Role": ["x-gateway", "x-profiler"],
+    }
+    wait_for(
+        lambda: all(children(cluster, namespace, "x")[k] == v for k, v in emulated.items()),
+        60,
+        "the emulated children",
+    )
+    pod = cluster.apps.read_namespaced_deployment("x-emulator", namespace).spec.template.spec
+    args = pod.containers[0].args
+    assert pod.containers[0].command == ["basin"] and args[0] == "emulate"
+    assert args[args.index("--deployment") + 1] == "h200-1p3d"
+    assert args[args.index("--time-scale") + 1] == "10"
+    service = cluster.core.read_namespaced_service("x-router", namespace).spec
+    assert service.selector["app.kubernetes.io/component"] == "emulator"
+    assert {p.target_port for p in service.ports} == {8000}
+    for component in ("emulator", "gateway", "redis"):
+        set_pods_ready(cluster, namespace, "x", component, 1)
+    obj = wait_condition(cluster, namespace, "x", "Ready", "False", "NotProfiled")
+    assert all(
+        next(c for c in obj["status"]["conditions"] if c["type"] == kind)["status"] == "True"
+        for kind in ("PrefillReady", "DecodeReady", "RouterReady", "GatewayReady")
+    )
+    assert (obj["status"]["prefillReplicas"], obj["status"]["decodeReplicas"]) == (1, 3)
+
+    cluster.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "x", {"spec": {"emulator": {"enabled": False}}}
+    )
+    wait_for(
+        lambda: (
+            children(cluster, namespace, "x")["Deployment"]
+            == ["x-decode", "x-gateway", "x-prefill", "x-router"]
+        ),
+        60,
+        "the engines back and the emulator gone",
+    )
+    assert (
+        cluster.core.read_namespaced_service("x-router", namespace).spec.selector[
+            "app.kubernetes.io/component"
+        ]
+        == "router"
+    )

@@ -197,3 +197,35 @@ def test_the_gateway_role_names_its_configmap() -> None:
     for rule in rules:
         if "configmaps" in rule["resources"]:
             assert rule["resourceNames"] == ["x-profile"]
+
+
+def test_emulated_engines_replace_engines_and_router_behind_the_same_service() -> None:
+    emulated = spec(decode={"replicas": 3}, emulator={"enabled": True, "timeScale": 10})
+    assert emulated.check() == []
+    children = by_key(builders.build_children("x", "ns", emulated))
+    for gone in ("x-prefill", "x-decode", "x-router"):
+        assert ("Deployment", gone) not in children
+    assert ("ServiceAccount", "x-router") not in children and ("Role", "x-router") not in children
+    pod = children[("Deployment", "x-emulator")]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["image"] == emulated.images.basin and container["command"] == ["basin"]
+    args = container["args"]
+    assert args[0] == "emulate"
+    assert args[args.index("--deployment") + 1] == "h200-1p3d"
+    assert args[args.index("--time-scale") + 1] == "10"
+    assert args[args.index("--host-tier") + 1] == "2"
+    assert args[args.index("--port") + 1] == "8000"
+    service = children[("Service", "x-router")]["spec"]
+    assert service["selector"]["app.kubernetes.io/component"] == "emulator"
+    assert {p["targetPort"] for p in service["ports"]} == {8000}
+    gateway = children[("Deployment", "x-gateway")]["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in gateway["env"]}
+    assert env["BASIN_ROUTER_URL"] == "http://x-router:8000" and env["BASIN_ENGINES_EMULATED"] == "1"
+    assert "emulator" in env["BASIN_PREFILL_SELECTOR"] and env["BASIN_ENGINE_PORT"] == "8000"
+    assert [k for _, k, n in builders.obsolete_children("x", emulated)].count("Deployment") == 3
+    assert builders.obsolete_children("x", spec()) == [("apps/v1", "Deployment", "x-emulator")]
+    # A shape without a preset is named in the problem; an explicit preset overrides the derived one.
+    odd = spec(prefill={"replicas": 3}, emulator={"enabled": True})
+    assert any("spec.emulator.preset" in problem for problem in odd.check())
+    named = spec(prefill={"replicas": 3}, emulator={"enabled": True, "preset": "h200-2p6d"})
+    assert named.check() == [] and "h200-2p6d" in builders.emulator_args(named)

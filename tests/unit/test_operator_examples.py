@@ -37,7 +37,7 @@ def present(value: Any, prefix: str = "") -> set[str]:
     return out
 
 
-@pytest.mark.parametrize("name", ["minimal", "full"])
+@pytest.mark.parametrize("name", ["minimal", "full", "emulated"])
 def test_examples_parse_and_pass_the_checks(name: str) -> None:
     body = yaml.safe_load((EXAMPLES / f"{name}.yaml").read_text())
     assert body["apiVersion"] == "basin.dev/v1alpha1" and body["kind"] == "BasinDeployment"
