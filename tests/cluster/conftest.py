@@ -3,7 +3,6 @@ the CRD, the operator under its least-privilege ClusterRole, and one namespace p
 
 from __future__ import annotations
 
-import base64
 import os
 import subprocess
 import uuid
@@ -20,7 +19,9 @@ from harness import (
     Cluster,
     OperatorProcess,
     free_port,
+    service_account_token,
     wait_for,
+    write_token_kubeconfig,
 )
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -81,30 +82,6 @@ def crd(cluster: Cluster) -> dict:
     return body
 
 
-def _service_account_token(core: client.CoreV1Api, name: str, namespace: str) -> str:
-    """A token of the ServiceAccount from the TokenRequest API (Kubernetes >= 1.22 stops creating token
-    Secrets, and 1.24 drops `ServiceAccount.secrets`), else, on a cluster without that API, from the token
-    Secret the token controller made."""
-    try:
-        answer = core.create_namespaced_service_account_token(
-            name, namespace, {"spec": {"expirationSeconds": 86_400}}
-        )
-        return str(answer.status.token)
-    except ApiException as error:
-        if error.status not in (404, 405):
-            raise
-
-    def from_secret() -> str | None:
-        account = core.read_namespaced_service_account(name, namespace)
-        for ref in account.secrets or []:
-            secret = core.read_namespaced_secret(ref.name, namespace)
-            if secret.data and secret.data.get("token"):
-                return base64.b64decode(secret.data["token"]).decode()
-        return None
-
-    return str(wait_for(from_secret, 60, f"the {name} ServiceAccount's token Secret"))
-
-
 def _operator_kubeconfig(cluster: Cluster, folder: Path) -> Path:
     """A kubeconfig with the token of a ServiceAccount bound to the repository's ClusterRole only."""
     admin = yaml.safe_load(Path(cluster.kubeconfig).read_text())
@@ -137,23 +114,9 @@ def _operator_kubeconfig(cluster: Cluster, folder: Path) -> Path:
     if os.environ.get("BASIN_TEST_KUBECONFIG"):  # a reused cluster may hold an older ClusterRole
         rbac.replace_cluster_role("basin-operator", yaml.safe_load(CLUSTER_ROLE.read_text()))
 
-    user_token = _service_account_token(core, "basin-operator", OPERATOR_NAMESPACE)
-    cluster_entry = admin["clusters"][0]
+    user_token = service_account_token(core, "basin-operator", OPERATOR_NAMESPACE)
     path = folder / "operator.kubeconfig"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [cluster_entry],
-                "users": [{"name": "basin-operator", "user": {"token": user_token}}],
-                "contexts": [
-                    {"name": "op", "context": {"cluster": cluster_entry["name"], "user": "basin-operator"}}
-                ],
-                "current-context": "op",
-            }
-        )
-    )
+    write_token_kubeconfig(admin, user_token, path)
     return path
 
 

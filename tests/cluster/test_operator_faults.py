@@ -5,8 +5,18 @@ of reservation at prefill completion, the gateway's Role, and rolling only the c
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from harness import Cluster, OperatorProcess, wait_for
+import yaml
+from harness import (
+    REPO,
+    Cluster,
+    OperatorProcess,
+    service_account_token,
+    wait_for,
+    write_token_kubeconfig,
+)
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from test_operator import (
@@ -309,3 +319,37 @@ def test_emulated_engines_run_behind_the_router_service(
         ]
         == "router"
     )
+
+
+def test_a_namespaced_install_runs_under_a_role(
+    cluster: Cluster, operator_process: OperatorProcess, namespace: str, tmp_path: Path
+) -> None:
+    """operator/deploy/role.yaml: an operator with `--namespace NS`, bound to that Role in NS only (no
+    ClusterRole), creates the children and writes status. The cluster-wide operator is stopped meanwhile
+    so the two do not share the object."""
+    role = yaml.safe_load((REPO / "operator" / "deploy" / "role.yaml").read_text())
+    cluster.core.create_namespaced_service_account(namespace, {"metadata": {"name": "basin-operator"}})
+    cluster.rbac.create_namespaced_role(namespace, role)
+    cluster.rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": "basin-operator"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "basin-operator"},
+            "subjects": [{"kind": "ServiceAccount", "name": "basin-operator", "namespace": namespace}],
+        },
+    )
+    token = service_account_token(cluster.core, "basin-operator", namespace)
+    kubeconfig = tmp_path / "namespaced.kubeconfig"
+    write_token_kubeconfig(yaml.safe_load(Path(cluster.kubeconfig).read_text()), token, kubeconfig)
+    namespaced = OperatorProcess(kubeconfig, tmp_path, extra_args=["--namespace", namespace])
+    operator_process.stop()
+    try:
+        namespaced.start()
+        create(cluster, namespace, resource("x"))
+        wait_children(cluster, namespace)
+        running_job(cluster, namespace, "x")
+        wait_condition(cluster, namespace, "x", "PrefillReady", "False", "ReplicasNotReady")
+    finally:
+        namespaced.stop()
+        operator_process.start()
+    assert "Traceback" not in namespaced.text(), namespaced.text()[-4000:]

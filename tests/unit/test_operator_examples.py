@@ -1,6 +1,7 @@
-"""examples/: the minimal and the full BasinDeployment parse with the spec models, pass the operator's
-cross-field checks, and the full one sets every spec field the CRD has (so it stays full as fields are
-added). tests/cluster/test_operator_examples.py has the apiserver validate them against the CRD."""
+"""examples/ and operator/deploy/: the minimal, full and emulated BasinDeployments parse with the spec
+models and pass the operator's cross-field checks, the full one sets every spec field the CRD has (so it
+stays full as fields are added), and the namespaced Role grants what the ClusterRole does.
+tests/cluster/test_operator_examples.py has the apiserver validate the examples against the CRD."""
 
 from pathlib import Path
 from typing import Any
@@ -54,3 +55,11 @@ def test_the_full_example_sets_every_field() -> None:
         if not any(path == left or path.startswith(f"{left}.") for left in NOT_IN_FULL)
     }
     assert not missing, f"examples/full.yaml lacks {sorted(missing)}"
+
+
+def test_the_namespaced_role_grants_what_the_cluster_role_does() -> None:
+    deploy = Path(__file__).resolve().parents[2] / "operator" / "deploy"
+    role = yaml.safe_load((deploy / "role.yaml").read_text())
+    cluster_role = yaml.safe_load((deploy / "clusterrole.yaml").read_text())
+    assert role["kind"] == "Role" and cluster_role["kind"] == "ClusterRole"
+    assert role["rules"] == cluster_role["rules"]
