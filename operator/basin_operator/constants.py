@@ -9,6 +9,14 @@ PLURAL = "basindeployments"
 SINGULAR = "basindeployment"
 SHORT_NAMES = ["bd"]
 
+# Images: `make images` builds and tags these (images/README.md); the tag is Basin's version, the one
+# stated in pyproject.toml and basin.__version__. The engine image is SGLANG_IMAGE plus Basin's extension.
+IMAGE_REPOSITORY = "ghcr.io/basin-project"
+BASIN_IMAGE = f"{IMAGE_REPOSITORY}/basin"
+ENGINE_IMAGE = f"{IMAGE_REPOSITORY}/basin-engine"
+# The SGLang the engine image builds on (pyproject.toml pins sglang==0.5.23).
+SGLANG_IMAGE = "lmsysorg/sglang:v0.5.23"
+
 # One domain prefix for every label and annotation the operator writes.
 PREFIX = GROUP
 LABEL_INSTANCE = "app.kubernetes.io/instance"

@@ -12,7 +12,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from basin import __version__
 from basin.policy.basin import BasinConfig
+from basin_operator.constants import BASIN_IMAGE, ENGINE_IMAGE
 
 _DEFAULTS = BasinConfig()  # the paper's controller defaults (§6.6): one source of truth
 
@@ -60,12 +62,17 @@ class Images(ApiModel):
     """Container images of the children."""
 
     engine: str = Field(
-        "lmsysorg/sglang:v0.5.23", min_length=1, description="SGLang image with the Basin engine extension."
+        f"{ENGINE_IMAGE}:{__version__}",
+        min_length=1,
+        description="SGLang image with the Basin engine extension and NIXL (images/engine, make images).",
     )
     basin: str = Field(
-        "ghcr.io/basin-project/basin:0.1.0",
+        f"{BASIN_IMAGE}:{__version__}",
         min_length=1,
-        description="Basin image: gateway (`basin gateway`) and profiler (`python -m basin_profiler`).",
+        description=(
+            "Basin image (images/basin, make images): gateway (`basin gateway run`), profiler"
+            " (`python -m basin_profiler`) and emulator (`basin emulate`)."
+        ),
     )
     redis: str = Field("redis:7.4-alpine", min_length=1, description="Image of the managed Redis.")
     pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
