@@ -1,7 +1,7 @@
 """examples/ and operator/deploy/: the minimal, full and emulated BasinDeployments parse with the spec
 models and pass the operator's cross-field checks, the full one sets every spec field the CRD has (so it
 stays full as fields are added), and the namespaced Role grants what the ClusterRole does.
-tests/cluster/test_operator_examples.py has the apiserver validate the examples against the CRD."""
+tests/cluster/test_examples_against_crd.py has the apiserver validate the examples against the CRD."""
 
 from pathlib import Path
 from typing import Any
