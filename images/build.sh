@@ -3,7 +3,7 @@
 # Docker engine or a registry, smoke-tests them and exports docker archives (what ../shared/k8s/node-up.sh
 # and `kind load image-archive` load). The recipe is /work/shared/containers/README.md's; images/README.md
 # says what each step is for.
-# Usage: images/build.sh [basin|engine|all]   (default all; PYTHON=the venv's python, for the versions)
+# Usage: images/build.sh [basin|engine|all|cpu-base]   (default all; PYTHON=the venv's python, for the versions)
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(dirname "$HERE")
@@ -95,12 +95,19 @@ smoke_engine() {
   local run=(podman run --rm --pull=never --network host "$ENGINE_TAG")
   [[ "$("${run[@]}" id -u)" == 10001 ]] || { echo "error: $ENGINE_TAG does not run as UID 10001" >&2; exit 1; }
   # SGLang's plugin loader must find and run Basin's entry point (what SGLANG_PLUGINS=basin selects).
-  "${run[@]}" python3 -c '
+  # (tests/engine/test_plugin.py's probe: the hook on the KV allocator is in place after load_plugins)
+  local out
+  out=$("${run[@]}" python3 -c '
+try:
+    import torchvision_shim  # noqa: F401  (only the CPU stand-in base has it, and needs it first)
+except ImportError:
+    pass
 from sglang.srt.plugins import load_plugins
+from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator as A
 load_plugins()
-import basin_engine_ext
-print("plugin loaded:", basin_engine_ext.__name__)'
-  echo "$ENGINE_TAG: non-root, SGLang loads the basin plugin: ok"
+print("patched" if hasattr(A.evict_to_free_tokens, "__wrapped__") else "untouched")' | tail -1)
+  [[ "$out" == patched ]] || { echo "error: SGLang in $ENGINE_TAG did not apply Basin's hooks ($out)" >&2; exit 1; }
+  echo "$ENGINE_TAG: non-root, SGLang's plugin loader applies Basin's hooks: ok"
 }
 
 if [[ "$WHAT" == basin || "$WHAT" == all ]]; then
@@ -108,6 +115,14 @@ if [[ "$WHAT" == basin || "$WHAT" == all ]]; then
   smoke_basin
   skopeo copy --quiet "containers-storage:$BASIN_TAG" "docker-archive:$OUT/basin.tar:$BASIN_TAG"
   echo "wrote $OUT/basin.tar ($BASIN_TAG)"
+fi
+if [[ "$WHAT" == cpu-base ]]; then
+  # The CPU stand-in for the SGLang base (images/README.md): from engine_ext/make-venv.sh's venv.
+  SGLANG_VENV=${SGLANG_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/basin/sglang-venv}
+  bash "$ROOT/engine_ext/make-venv.sh" "$SGLANG_VENV"
+  buildah bud --isolation chroot --pull=never --layers -t localhost/sglang-cpu:v0.5.23 \
+    -f "$ROOT/images/engine/cpu-base.Containerfile" "$(dirname "$SGLANG_VENV")" >"$OUT/build-cpu-base.log"
+  echo "built localhost/sglang-cpu:v0.5.23; now: ENGINE_BASE=localhost/sglang-cpu:v0.5.23 make images"
 fi
 if [[ "$WHAT" == engine || "$WHAT" == all ]]; then
   if podman image exists "${ENGINE_BASE:-$SGLANG_IMAGE}"; then

@@ -1,11 +1,10 @@
-"""kopf handlers: one idempotent reconcile, run on create/update/resume and on a resync timer.
+"""kopf handlers: one idempotent reconcile, run on create/update/resume and by an operator-wide resync task.
 
-The reconcile reads the BasinDeployment fresh, builds every child (`builders`), creates what is missing
-(a deleted child comes back) and replaces what drifted from the built spec, starts or collects the
-profiling Job (`state.plan_profiling`), and writes the status. Child and Job names are deterministic, so a
-restarted operator finds what it made instead of duplicating it. A per-object lock in `memo` serializes the
-timer and the change handlers.
-"""
+The reconcile reads the BasinDeployment fresh, builds every child (`builders`), server-side applies them
+(a deleted child comes back, a hand-edited owned field is put back), starts or collects the profiling Job
+(`state.plan_profiling`), and writes the status. Child and Job names are deterministic, so a restarted
+operator finds what it made instead of duplicating it. A per-object lock serializes the resync task and
+the change handlers."""
 
 from __future__ import annotations
 
