@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-engine lint venv clean crds system-deps
+.PHONY: demo test test-engine lint venv clean crds system-deps images
 
 $(BIN)/basin: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,12 @@ test-engine:
 # The BasinDeployment CRD is generated from the operator's pydantic models; a unit test checks crds/ matches.
 crds: venv
 	$(BIN)/basin operator crd --out crds/basindeployment.yaml
+
+# Container images without a Docker engine (buildah/podman, images/README.md): the Basin image, smoke-tested
+# (non-root, --help, the emulator's /health_generate) and exported to images/out/basin.tar; the engine image
+# too where its SGLang base is in local storage (ENGINE_BASE=<local image> names a stand-in).
+images: venv
+	PYTHON=$(BIN)/python bash images/build.sh all
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

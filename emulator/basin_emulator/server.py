@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -33,6 +34,13 @@ SESSION_HEADER = "X-Session-ID"
 STREAM_TICK_S = 0.05  # wall seconds between streamed chunks (the last one goes out at once)
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default for /generate
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+MAX_BODY_BYTES = 64 * 1024 * 1024  # aiohttp's client_max_size, enforced here since bodies are read by chunk
+# Bodies above this are parsed and tokenized in a worker thread: a 20 MB prompt takes seconds to split
+# into words, and on the event loop that would stall every other client's stream for as long.
+LARGE_BODY_BYTES = 256 * 1024
+READ_TIMEOUT_ENV = "BASIN_EMULATE_READ_TIMEOUT_S"
+DEFAULT_READ_TIMEOUT_S = 30.0
+HEALTH_TIMEOUT_S = 20.0  # wall seconds /health_generate waits for its one-token generation
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,12 @@ class EmulatorSettings:
     lending: bool = False
     model_name: str = "basin-emulated"
     context_length: int = 262_144
+    # A client that sends no body bytes for this long gets 408 and its connection closed (a stalled
+    # upload must not hold a handler, and its memory, forever). The environment variable sets it for
+    # `basin emulate` (tests use a short one).
+    read_timeout_s: float = field(
+        default_factory=lambda: float(os.environ.get(READ_TIMEOUT_ENV, DEFAULT_READ_TIMEOUT_S))
+    )
 
 
 ENGINE_KEY = web.AppKey("engine", LiveEngine)
@@ -52,6 +66,10 @@ LOOP_LAG_KEY = web.AppKey("loop_lag", LoopLagProbe)
 
 class BadRequest(Exception):
     """Input SGLang would reject with 400."""
+
+
+class ReadTimeout(Exception):
+    """The client stopped sending its body: answered 408 and the connection closed."""
 
 
 @dataclass(frozen=True)
@@ -68,14 +86,37 @@ class Job:
 
 
 # ---------------------------------------------------------------------------- parsing
-async def _body(request: web.Request) -> dict[str, Any]:
+async def _read(request: web.Request) -> bytes:
+    """The whole body, read chunk by chunk with a read timeout: `ReadTimeout` when the client sends
+    nothing for `read_timeout_s` (aiohttp's own `read()` waits forever for a stalled upload)."""
+    timeout = request.app[SETTINGS_KEY].read_timeout_s
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        try:
+            chunk = await asyncio.wait_for(request.content.readany(), timeout)
+        except TimeoutError:
+            raise ReadTimeout(f"no body bytes for {timeout:g} s; {size} bytes read") from None
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise web.HTTPRequestEntityTooLarge(max_size=MAX_BODY_BYTES, actual_size=size)
+        chunks.append(chunk)
+
+
+def _loads(data: bytes) -> dict[str, Any]:
     try:
-        body = orjson.loads(await request.read())
+        body = orjson.loads(data)
     except orjson.JSONDecodeError as error:
         raise BadRequest(f"invalid JSON body: {error}") from None
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     return body
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    return _loads(await _read(request))
 
 
 def _int(value: Any, name: str, minimum: int = 0) -> int:
@@ -223,17 +264,29 @@ Respond = Callable[[LiveCall], Awaitable[web.StreamResponse]]
 async def _serve_job(
     request: web.Request, parse: Callable[[dict[str, Any]], tuple[Job, Respond]]
 ) -> web.StreamResponse:
-    """Parse a generation request, run it on the model and answer. The request enters the model at
-    its arrival time: the emulator's own parsing does not count as engine latency."""
+    """Read a generation request, parse it, run it on the model and answer.
+
+    The model holds its clock (at most `MAX_HOLD_S`) only while a read body is parsed on the loop, so the
+    emulator's own parsing does not count as engine latency; it never waits for an upload in progress
+    (a stalled client would hold every other request back). Large bodies are parsed in a worker thread,
+    without a hold: their tokenizing would otherwise block the loop, and a held clock, for seconds.
+    """
     engine = request.app[ENGINE_KEY]
-    arrival = engine.hold()
+    data = await _read(request)
+    arrival: int | None = None
+    if len(data) > LARGE_BODY_BYTES:
+        job, respond = await asyncio.to_thread(lambda: parse(_loads(data)))
+    else:
+        arrival = engine.hold()
     try:
-        job, respond = parse(await _body(request))
+        if arrival is not None:
+            job, respond = parse(_loads(data))
         call = engine.submit(
             job.rid, job.prompt_ids, job.max_new_tokens, job.session_id, job.priority, job.lend, arrival
         )
     finally:
-        engine.release(arrival)
+        if arrival is not None:
+            engine.release(arrival)
     try:
         return await respond(call)
     except asyncio.CancelledError:
@@ -380,6 +433,22 @@ async def health(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
+async def health_generate(request: web.Request) -> web.Response:
+    """SGLang's `GET /health_generate` (what its own probes call): 200 once a one-token generation
+    went through the model, 503 when it does not finish within `HEALTH_TIMEOUT_S` wall seconds."""
+    engine = request.app[ENGINE_KEY]
+    rid = f"HEALTH_CHECK_{uuid.uuid4().hex}"
+    call = engine.submit(rid, [0], 1, None, None, False)
+    try:
+        await asyncio.wait_for(call.done.wait(), HEALTH_TIMEOUT_S)
+    except TimeoutError:
+        engine.abort(rid)
+        return web.Response(status=503, text="the model did not generate within the health timeout\n")
+    finally:
+        engine.finish(call)
+    return web.Response(status=200)
+
+
 async def server_info(request: web.Request) -> web.Response:
     settings: EmulatorSettings = request.app[SETTINGS_KEY]
     deployment = settings.deployment
@@ -474,6 +543,10 @@ async def errors(
         return await handler(request)
     except BadRequest as error:
         return _error(400, str(error), "BadRequestError")
+    except ReadTimeout as error:
+        response = _error(408, str(error), "RequestTimeoutError")
+        response.force_close()  # the rest of the body may never come: do not linger reading it
+        return response
     except web.HTTPException as error:
         if error.status >= 400:
             return _error(error.status, error.reason, type(error).__name__)
@@ -481,7 +554,7 @@ async def errors(
 
 
 def create_app(settings: EmulatorSettings) -> web.Application:
-    app = web.Application(middlewares=[errors], client_max_size=64 * 1024 * 1024)
+    app = web.Application(middlewares=[errors], client_max_size=MAX_BODY_BYTES)
     engine = LiveEngine(settings.deployment, settings.time_scale, settings.lending)
     app[SETTINGS_KEY] = settings
     app[ENGINE_KEY] = engine
@@ -492,6 +565,7 @@ def create_app(settings: EmulatorSettings) -> web.Application:
     app.router.add_post("/v1/completions", _openai(chat=False))
     app.router.add_post("/v1/chat/completions", _openai(chat=True))
     app.router.add_get("/health", health)
+    app.router.add_get("/health_generate", health_generate)
     app.router.add_get("/get_server_info", server_info)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/v1/loads", loads)

@@ -1,8 +1,8 @@
 """Pure `build_*` functions: a BasinDeployment spec in, child manifests out (plain dicts, no API calls).
 
-The handlers adopt these (owner reference), create the missing ones and replace those whose built spec
-changed (the `basin.dev/spec-hash` annotation). Every child carries the instance labels, so deleting the
-BasinDeployment garbage-collects them and the router discovers engines by label, not by list.
+The handlers adopt these (owner reference) and server-side apply them on every pass (`kube.ensure`); the
+`basin.dev/spec-hash` annotation is a digest of the built child. Every child carries the instance labels,
+so deleting the BasinDeployment garbage-collects them and the router discovers engines by label.
 """
 
 from __future__ import annotations
@@ -49,13 +49,14 @@ def _meta(name: str, namespace: str, component: str, child: str | None = None) -
 
 
 def _resources(resources: Resources, gpus: int = 0) -> Manifest:
-    """Container resources; the GPU count goes into limits (an extended resource's request follows it)."""
+    """Container resources; the GPU count goes into limits (an extended resource's request follows it).
+    Quantities are strings: server-side apply of 1.20 rejects a bare number where a quantity goes."""
     out: Manifest = {}
     if resources.requests:
-        out["requests"] = dict(resources.requests)
-    limits = dict(resources.limits)
+        out["requests"] = {k: str(v) for k, v in resources.requests.items()}
+    limits = {k: str(v) for k, v in resources.limits.items()}
     if gpus:
-        limits["nvidia.com/gpu"] = gpus
+        limits["nvidia.com/gpu"] = str(gpus)
     if limits:
         out["limits"] = limits
     return out
@@ -87,6 +88,12 @@ def engine_args(spec: BasinDeploymentSpec, mode: str) -> list[str]:
     ]  # fmt: skip
     if mode == "prefill":
         args += ["--disaggregation-bootstrap-port", str(c.BOOTSTRAP_PORT)]
+    # Reservation at prefill completion (docs/engine-ext.md): the policy on both roles, over NIXL.
+    backend = spec.disaggregation.backend()
+    if backend is not None:
+        args += ["--disaggregation-transfer-backend", backend]
+    if spec.disaggregation.decode_allocation != "early":
+        args += ["--disaggregation-decode-allocation-policy", spec.disaggregation.decode_allocation]
     if role.hicache.host_ratio > 0:
         args += [
             "--enable-hierarchical-cache",
@@ -100,20 +107,22 @@ def build_engine_deployment(name: str, namespace: str, spec: BasinDeploymentSpec
     """A prefill or decode Deployment of SGLang engines with the Basin engine extension enabled."""
     role: RoleSpec = spec.prefill if mode == "prefill" else spec.decode
     pod_labels = {**labels(name, mode), c.LABEL_ROLE: mode}
-    ports = [{"name": "http", "containerPort": c.ENGINE_PORT}]
+    ports = [{"name": "http", "containerPort": c.ENGINE_PORT, "protocol": "TCP"}]
     annotations = {}
     if mode == "prefill":
-        ports.append({"name": "bootstrap", "containerPort": c.BOOTSTRAP_PORT})
+        ports.append({"name": "bootstrap", "containerPort": c.BOOTSTRAP_PORT, "protocol": "TCP"})
         annotations[c.BOOTSTRAP_PORT_ANNOTATION] = str(c.BOOTSTRAP_PORT)
     else:
-        ports.append({"name": "units", "containerPort": c.UNIT_PORT})
+        ports.append({"name": "units", "containerPort": c.UNIT_PORT, "protocol": "TCP"})
     # The engine extension (docs/engine-ext.md): decode serves lent units on UNIT_PORT, prefill fetches
-    # them there; both roles must agree on the port. φ caps the decode memory lent.
+    # them there; both roles must agree on the port. φ caps the decode memory lent: only decode's lender
+    # reads it, so it sits in decode's pod template alone and a change of φ rolls decode, not prefill.
     env = [
         {"name": c.ENGINE_PLUGIN_ENV, "value": c.ENGINE_PLUGIN},
         {"name": "BASIN_ENGINE_UNIT_PORT", "value": str(c.UNIT_PORT)},
-        {"name": "BASIN_ENGINE_LEND_CAP", "value": str(spec.gateway.policy.lend_cap)},
     ]
+    if mode == "decode":
+        env.append({"name": "BASIN_ENGINE_LEND_CAP", "value": str(spec.gateway.policy.lend_cap)})
     container = {
         "name": "engine",
         "image": spec.images.engine,
@@ -166,10 +175,10 @@ def build_role(name: str, namespace: str, component: str) -> Manifest:
                 "apiGroups": [""],
                 "resources": ["configmaps"],
                 "resourceNames": [profile],
-                "verbs": ["get", "watch"],
+                # list and watch with the field selector metadata.name=<profile> are authorized against
+                # resourceNames, so the gateway can watch its profile without reading other ConfigMaps
+                "verbs": ["get", "list", "watch"],
             },
-            # watch by name needs list with a field selector on the collection
-            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list"]},
         ],
         "profiler": [
             {
@@ -225,8 +234,8 @@ def build_router_deployment(name: str, namespace: str, spec: BasinDeploymentSpec
         "command": ["python3", "-m", "sglang_router.launch_router"],
         "args": args,
         "ports": [
-            {"name": "http", "containerPort": c.ROUTER_PORT},
-            {"name": "metrics", "containerPort": c.ROUTER_METRICS_PORT},
+            {"name": "http", "containerPort": c.ROUTER_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": c.ROUTER_METRICS_PORT, "protocol": "TCP"},
         ],
         "readinessProbe": {"httpGet": {"path": "/health", "port": c.ROUTER_PORT}, "periodSeconds": 10},
         "resources": _resources(spec.router.resources),
@@ -247,11 +256,22 @@ def build_router_deployment(name: str, namespace: str, spec: BasinDeploymentSpec
 
 
 def build_service(
-    name: str, namespace: str, component: str, ports: dict[str, int], headless: bool = False
+    name: str,
+    namespace: str,
+    component: str,
+    ports: dict[str, int],
+    headless: bool = False,
+    target: str | None = None,
+    target_port: int | None = None,
 ) -> Manifest:
+    """A Service named for `component`, selecting the pods of `target` (default: the same component) on
+    `target_port` (default: each port's own number)."""
     spec: Manifest = {
-        "selector": selector(name, component),
-        "ports": [{"name": port, "port": number, "targetPort": number} for port, number in ports.items()],
+        "selector": selector(name, target or component),
+        "ports": [
+            {"name": port, "port": number, "targetPort": target_port or number, "protocol": "TCP"}
+            for port, number in ports.items()
+        ],
     }
     if headless:
         spec["clusterIP"] = "None"
@@ -260,6 +280,64 @@ def build_service(
         "kind": "Service",
         "metadata": _meta(name, namespace, component),
         "spec": spec,
+    }
+
+
+def engine_component(spec: BasinDeploymentSpec, role: str) -> str:
+    """The component whose pods serve `role` (prefill, decode, router): the emulator's in emulated mode."""
+    return "emulator" if spec.emulator.enabled else role
+
+
+def emulator_args(spec: BasinDeploymentSpec) -> list[str]:
+    """`basin emulate` arguments: the preset, host tier, allocation policy and time scale from the spec,
+    serving on the router's port so the router Service needs no other target."""
+    args = [
+        "emulate",
+        "--deployment", spec.emulator_preset(),
+        "--host-tier", f"{spec.prefill.hicache.host_ratio:g}",
+        "--allocation-policy", spec.disaggregation.decode_allocation,
+        "--time-scale", f"{spec.emulator.time_scale:g}",
+        "--model-name", spec.model.served_name or spec.model.path,
+        "--host", "0.0.0.0",
+        "--port", str(c.ROUTER_PORT),
+        "--lending",
+    ]  # fmt: skip
+    if spec.router.policy == "cache_aware":
+        args += ["--router", "cache_aware"]
+    return args
+
+
+def build_emulator_deployment(name: str, namespace: str, spec: BasinDeploymentSpec) -> Manifest:
+    """The emulated-engine mode's one pod: `basin emulate` in the Basin image, standing in for the
+    prefill and decode engines and the router (one process: its engine model holds every instance)."""
+    container = {
+        "name": "emulator",
+        "image": spec.images.basin,
+        "imagePullPolicy": spec.images.pull_policy,
+        "command": ["basin"],
+        "args": emulator_args(spec),
+        "ports": [{"name": "http", "containerPort": c.ROUTER_PORT, "protocol": "TCP"}],
+        "readinessProbe": {"httpGet": {"path": "/health", "port": c.ROUTER_PORT}, "periodSeconds": 5},
+        "livenessProbe": {
+            "httpGet": {"path": "/health_generate", "port": c.ROUTER_PORT},
+            "periodSeconds": 30,
+            "timeoutSeconds": 25,
+            "failureThreshold": 3,
+        },
+        "resources": _resources(spec.emulator.resources),
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(name, namespace, "emulator"),
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": selector(name, "emulator")},
+            "template": {
+                "metadata": {"labels": labels(name, "emulator")},
+                "spec": {"automountServiceAccountToken": False, "containers": [container]},
+            },
+        },
     }
 
 
@@ -279,9 +357,9 @@ def gateway_env(name: str, spec: BasinDeploymentSpec) -> list[Manifest]:
         "BASIN_SESSION_HEADER": spec.gateway.session_header,
         "BASIN_PROFILE_PATH": f"{c.PROFILE_MOUNT}/{c.PROFILE_KEY}",
         "BASIN_PROFILE_CONFIGMAP": c.child_name(name, "profile"),
-        "BASIN_PREFILL_SELECTOR": selector_string(name, "prefill"),
-        "BASIN_DECODE_SELECTOR": selector_string(name, "decode"),
-        "BASIN_ENGINE_PORT": str(c.ENGINE_PORT),
+        "BASIN_PREFILL_SELECTOR": selector_string(name, engine_component(spec, "prefill")),
+        "BASIN_DECODE_SELECTOR": selector_string(name, engine_component(spec, "decode")),
+        "BASIN_ENGINE_PORT": str(c.ROUTER_PORT if spec.emulator.enabled else c.ENGINE_PORT),
         "BASIN_POLICY_INTERVAL_S": f"{policy.control_interval_seconds:g}",
         "BASIN_POLICY_FAST_INTERVAL_S": f"{policy.fast_control_interval_seconds:g}",
         "BASIN_POLICY_MARGIN": f"{policy.margin:g}",
@@ -292,6 +370,9 @@ def gateway_env(name: str, spec: BasinDeploymentSpec) -> list[Manifest]:
         "BASIN_POLICY_SHED_AFTER_S": f"{policy.shed_after_seconds:g}",
         "BASIN_POLICY_PRIORITY_RATE": f"{policy.priority_rate:g}",
     }
+    if spec.emulator.enabled:
+        # One emulator pod answers for both roles; its /metrics labels each series with engine_type.
+        values["BASIN_ENGINES_EMULATED"] = "1"
     if spec.gateway.predictor is not None:
         values["BASIN_PREDICTOR_PATH"] = f"{c.PREDICTOR_MOUNT}/{spec.gateway.predictor.key}"
     env: list[Manifest] = [{"name": k, "value": v} for k, v in values.items()]
@@ -322,7 +403,7 @@ def build_gateway_deployment(name: str, namespace: str, spec: BasinDeploymentSpe
         "imagePullPolicy": spec.images.pull_policy,
         "command": ["basin", "gateway", "run"],
         "env": gateway_env(name, spec),
-        "ports": [{"name": "http", "containerPort": c.GATEWAY_PORT}],
+        "ports": [{"name": "http", "containerPort": c.GATEWAY_PORT, "protocol": "TCP"}],
         "readinessProbe": {"httpGet": {"path": "/health", "port": c.GATEWAY_PORT}, "periodSeconds": 5},
         "resources": _resources(spec.gateway.resources),
         "volumeMounts": mounts,
@@ -353,7 +434,7 @@ def build_redis_statefulset(name: str, namespace: str, spec: BasinDeploymentSpec
         "image": spec.images.redis,
         "imagePullPolicy": spec.images.pull_policy,
         "args": ["--save", "", "--appendonly", "no"],
-        "ports": [{"name": "redis", "containerPort": c.REDIS_PORT}],
+        "ports": [{"name": "redis", "containerPort": c.REDIS_PORT, "protocol": "TCP"}],
         "readinessProbe": {"tcpSocket": {"port": c.REDIS_PORT}, "periodSeconds": 5},
         "resources": _resources(spec.redis.resources),
     }
@@ -395,6 +476,15 @@ def profile_fingerprint(spec: BasinDeploymentSpec, prefill: int, decode: int) ->
         },
         length=10,
     )
+
+
+def profile_deadline_seconds(spec: BasinDeploymentSpec) -> int:
+    """How long a profiling Job may run: `profiling.deadlineSeconds`, else twice its planned ramps plus
+    ten minutes for start-up (images, warm-up)."""
+    profiling = spec.profiling
+    if profiling.deadline_seconds is not None:
+        return profiling.deadline_seconds
+    return 2 * profiling.ramps * profiling.steps * profiling.step_seconds + 600
 
 
 def profile_job_name(name: str, fingerprint: str, attempt: int) -> str:
@@ -450,6 +540,10 @@ def build_profile_job(
         },
         "spec": {
             "backoffLimit": 0,
+            "activeDeadlineSeconds": profile_deadline_seconds(spec),
+            # Honoured where the API has it (beta from Kubernetes 1.21); the operator also deletes
+            # superseded finished Jobs itself (`handlers._clean_up_jobs`).
+            "ttlSecondsAfterFinished": c.JOB_TTL_SECONDS,
             "template": {
                 "metadata": {"labels": job_labels},
                 "spec": {
@@ -462,10 +556,26 @@ def build_profile_job(
     }
 
 
+def obsolete_children(name: str, spec: BasinDeploymentSpec) -> list[tuple[str, str, str]]:
+    """(apiVersion, kind, name) of children the other engine mode has and this one must not: switching the
+    emulator on or off removes them."""
+    if spec.emulator.enabled:
+        deployments = [c.child_name(name, role) for role in ("prefill", "decode", "router")]
+        router = c.child_name(name, "router")
+        rbac = "rbac.authorization.k8s.io/v1"
+        return [("apps/v1", "Deployment", d) for d in deployments] + [
+            ("v1", "ServiceAccount", router),
+            (rbac, "Role", router),
+            (rbac, "RoleBinding", router),
+        ]
+    return [("apps/v1", "Deployment", c.child_name(name, "emulator"))]
+
+
 def build_children(name: str, namespace: str, spec: BasinDeploymentSpec) -> list[Manifest]:
     """Every long-lived child, in creation order (identities and state before the pods that use them)."""
     children: list[Manifest] = []
-    for component in ("router", "gateway", "profiler"):
+    emulated = spec.emulator.enabled
+    for component in ("gateway", "profiler") if emulated else ("router", "gateway", "profiler"):
         children += [
             build_service_account(name, namespace, component),
             build_role(name, namespace, component),
@@ -477,11 +587,23 @@ def build_children(name: str, namespace: str, spec: BasinDeploymentSpec) -> list
             build_service(name, namespace, "redis", {"redis": c.REDIS_PORT}, headless=True),
             build_redis_statefulset(name, namespace, spec),
         ]
+    router_ports = {"http": c.ROUTER_PORT, "metrics": c.ROUTER_METRICS_PORT}
+    if emulated:
+        # The same Service the gateway calls, onto the emulator (whose metrics share its HTTP port).
+        children += [
+            build_emulator_deployment(name, namespace, spec),
+            build_service(
+                name, namespace, "router", router_ports, target="emulator", target_port=c.ROUTER_PORT
+            ),
+        ]
+    else:
+        children += [
+            build_engine_deployment(name, namespace, spec, "prefill"),
+            build_engine_deployment(name, namespace, spec, "decode"),
+            build_router_deployment(name, namespace, spec),
+            build_service(name, namespace, "router", router_ports),
+        ]
     children += [
-        build_engine_deployment(name, namespace, spec, "prefill"),
-        build_engine_deployment(name, namespace, spec, "decode"),
-        build_router_deployment(name, namespace, spec),
-        build_service(name, namespace, "router", {"http": c.ROUTER_PORT, "metrics": c.ROUTER_METRICS_PORT}),
         build_gateway_deployment(name, namespace, spec),
         build_service(name, namespace, "gateway", {"http": c.GATEWAY_PORT}),
     ]

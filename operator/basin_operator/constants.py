@@ -9,6 +9,14 @@ PLURAL = "basindeployments"
 SINGULAR = "basindeployment"
 SHORT_NAMES = ["bd"]
 
+# Images: `make images` builds and tags these (images/README.md); the tag is Basin's version, the one
+# stated in pyproject.toml and basin.__version__. The engine image is SGLANG_IMAGE plus Basin's extension.
+IMAGE_REPOSITORY = "ghcr.io/basin-project"
+BASIN_IMAGE = f"{IMAGE_REPOSITORY}/basin"
+ENGINE_IMAGE = f"{IMAGE_REPOSITORY}/basin-engine"
+# The SGLang the engine image builds on (pyproject.toml pins sglang==0.5.23).
+SGLANG_IMAGE = "lmsysorg/sglang:v0.5.23"
+
 # One domain prefix for every label and annotation the operator writes.
 PREFIX = GROUP
 LABEL_INSTANCE = "app.kubernetes.io/instance"
@@ -18,7 +26,7 @@ LABEL_PART_OF = "app.kubernetes.io/part-of"
 MANAGED_BY = "basin-operator"
 LABEL_ROLE = f"{PREFIX}/role"  # prefill or decode: what the router's service discovery selects on
 LABEL_FINGERPRINT = f"{PREFIX}/profile-fingerprint"
-ANNOTATION_SPEC_HASH = f"{PREFIX}/spec-hash"  # children are patched only when their built spec changes
+ANNOTATION_SPEC_HASH = f"{PREFIX}/spec-hash"  # a digest of the built child, for people and tools to compare
 
 # SGLang's router reads a prefill pod's bootstrap port from this annotation (sglang-router defaults).
 BOOTSTRAP_PORT_ANNOTATION = "sglang.ai/bootstrap-port"
@@ -45,7 +53,13 @@ ENGINE_PLUGIN = "basin"
 # The longest child name is "<name>-profile-<10 hex>-<attempt>"; Job pods carry it in a 63-character label.
 MAX_NAME_LENGTH = 40
 
-COMPONENTS = ("prefill", "decode", "router", "gateway", "redis", "profiler")
+# A finished profiling Job is kept a day where the API honours ttlSecondsAfterFinished: long enough for
+# the operator to collect it and for a person to read its logs.
+JOB_TTL_SECONDS = 86_400
+# Besides the current Job, the operator keeps this many of the latest finished ones (their pods' logs).
+KEEP_FINISHED_JOBS = 1
+
+COMPONENTS = ("prefill", "decode", "router", "gateway", "redis", "profiler", "emulator")
 
 
 def child_name(parent: str, component: str) -> str:

@@ -1,14 +1,15 @@
-"""kopf handlers: one idempotent reconcile, run on create/update/resume and on a resync timer.
+"""kopf handlers: one idempotent reconcile, run on create/update/resume and by an operator-wide resync task.
 
-The reconcile reads the BasinDeployment fresh, builds every child (`builders`), creates what is missing
-(a deleted child comes back) and replaces what drifted from the built spec, starts or collects the
-profiling Job (`state.plan_profiling`), and writes the status. Child and Job names are deterministic, so a
-restarted operator finds what it made instead of duplicating it. A per-object lock in `memo` serializes the
-timer and the change handlers.
-"""
+The reconcile reads the BasinDeployment fresh, builds every child (`builders`), server-side applies them
+(a deleted child comes back, a hand-edited owned field is put back), starts or collects the profiling Job
+(`state.plan_profiling`), and writes the status. Child and Job names are deterministic, so a restarted
+operator finds what it made instead of duplicating it. A per-object lock serializes the resync task and
+the change handlers."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
 import json
 import threading
@@ -35,6 +36,7 @@ from basin_operator.state import (
     choose_attempt,
     classify,
     job_state,
+    merge_patch,
     now_utc,
     observe_ready,
     plan_profiling,
@@ -126,6 +128,12 @@ def reconcile(name: str, namespace: str, emit: Emit, logger: Any) -> None:
             emit("Normal", result.capitalize(), f"{result} {what}")
             logger.info(f"{result} {what}")
 
+    for api_version, kind, child in builders.obsolete_children(name, spec):
+        if kube.get(api_version, kind, child, namespace) is not None:
+            kube.delete(api_version, kind, child, namespace)
+            emit("Normal", "Deleted", f"deleted {kind} {child}: not part of this engine mode")
+            logger.info(f"deleted {kind} {child}")
+
     wanted = {"prefill": spec.prefill.replicas, "decode": spec.decode.replicas, "router": 1}
     wanted["gateway"] = spec.gateway.replicas
     parts = {
@@ -135,6 +143,12 @@ def reconcile(name: str, namespace: str, emit: Emit, logger: Any) -> None:
         )
         for what, count in wanted.items()
     }
+    if spec.emulator.enabled:
+        # One emulator pod stands in for every engine and the router: while it is ready, so are they all.
+        emulator = _readiness("Deployment", c.child_name(name, "emulator"), namespace, 1)
+        for what in ("prefill", "decode", "router"):
+            ready = None if emulator.ready is None else (wanted[what] if emulator.ok else 0)
+            parts[f"{what.capitalize()}Ready"] = (f"{what} (emulated)", Readiness(ready, wanted[what]))
     redis = None
     if spec.redis.mode == "managed":
         redis = _readiness("StatefulSet", c.child_name(name, "redis"), namespace, 1)
@@ -278,28 +292,49 @@ def _profiling(
     if profile is not None:
         state = "fresh" if profile.fingerprint == fingerprint else "stale"
         profile = profile.model_copy(update={"state": state})
+    if profiling is not None:
+        _clean_up_jobs(name, namespace, profiling.job, logger)
     return profiling, profile
+
+
+def _clean_up_jobs(name: str, namespace: str, current: str, logger: Any) -> None:
+    """Delete finished profiling Jobs other than `current` and the latest `KEEP_FINISHED_JOBS` (whose pod
+    logs one may still want): without this every retry and reprofile leaves a Job and a pod behind, on
+    clusters whose API ignores ttlSecondsAfterFinished too."""
+    jobs = [
+        job
+        for job in kube.list_objects("batch/v1", "Job", namespace, builders.selector_string(name, "profiler"))
+        if job["metadata"]["name"] != current
+        and not job["metadata"].get("deletionTimestamp")
+        and job_state(job) not in (None, "running")
+    ]
+    jobs.sort(key=lambda job: job["metadata"]["creationTimestamp"], reverse=True)
+    for job in jobs[c.KEEP_FINISHED_JOBS :]:
+        kube.delete("batch/v1", "Job", job["metadata"]["name"], namespace)
+        logger.info(f"deleted finished Job {job['metadata']['name']}: superseded")
 
 
 def _write_status(
     obj: dict[str, Any], before: dict[str, Any], payload: dict[str, Any], conditions: list
 ) -> None:
-    """Patch only what changed (every write is a watch event); keys no longer set are removed."""
+    """Patch only what changed (every write is a watch event); keys no longer set are removed at any depth."""
     after = dict(payload)
     after["conditions"] = [x.model_dump(by_alias=True, exclude_none=True) for x in conditions]
-    patch = {key: value for key, value in after.items() if before.get(key) != value}
-    patch.update({key: None for key in before if key not in after})
+    patch = merge_patch(before, after)
     if patch:
         kube.patch_status(obj["metadata"]["name"], obj["metadata"]["namespace"], patch)
 
 
-def run_reconcile(name: str, namespace: str, body: Any, memo: Any, logger: Any) -> None:
-    """The handlers' shared body: one lock per object, API errors retried by kopf without a traceback."""
+def run_reconcile(name: str, namespace: str, lock: threading.Lock, logger: Any) -> None:
+    """The handlers' and the resync loop's shared body: one lock per object, API errors retried by kopf
+    without a traceback. Events are posted with the operator's own client (not `kopf.event`, which works
+    only inside kopf's per-object tasks: the resync loop is not one)."""
 
     def emit(kind: str, reason: str, message: str) -> None:
-        kopf.event(body, type=kind, reason=reason, message=message)
+        obj = kube.get_basin_deployment(name, namespace)
+        if obj is not None:
+            kube.post_event(obj, kind, reason, message, logger)
 
-    lock = memo.setdefault("lock", threading.Lock())
     with lock:
         try:
             reconcile(name, namespace, emit, logger)
@@ -319,17 +354,56 @@ def api_message(error: Exception) -> str:
 
 
 def register(registry: kopf.OperatorRegistry, resync_seconds: float) -> None:
-    """Attach the handlers to `registry`; the resync interval is a run option, so registration is a call."""
+    """Attach the handlers to `registry`; the resync interval is a run option, so registration is a call.
+
+    No handler here needs a finalizer, so none is added and deleting a BasinDeployment never waits for the
+    operator (owner references garbage-collect the children). That rules out kopf timers and daemons,
+    which always add one: the periodic resync is one operator-wide task over an index of the watched
+    objects instead. An operator that stopped after an older version added `basin.dev/finalizer` has kopf
+    remove it on resume, since nothing requires it any more.
+    """
     resource = (c.GROUP, c.VERSION, c.PLURAL)
+    locks: dict[str, threading.Lock] = {}  # one per object, shared by the handlers and the resync task
+
+    def lock_of(namespace: str, name: str) -> threading.Lock:
+        return locks.setdefault(c.object_key(namespace, name), threading.Lock())
+
+    @kopf.index(*resource, id="basin_deployments", registry=registry)
+    def basin_deployments(name: str, namespace: str, **_: Any) -> dict[str, None]:
+        return {c.object_key(namespace, name): None}
 
     @kopf.on.resume(*resource, id="reconcile", registry=registry)
     @kopf.on.create(*resource, id="reconcile", registry=registry)
     @kopf.on.update(*resource, id="reconcile", registry=registry, field="spec")
-    def on_change(name: str, namespace: str, body: Any, memo: Any, logger: Any, **_: Any) -> None:
-        run_reconcile(name, namespace, body, memo, logger)
+    def on_change(name: str, namespace: str, logger: Any, **_: Any) -> None:
+        run_reconcile(name, namespace, lock_of(namespace, name), logger)
 
-    @kopf.timer(
-        *resource, id="resync", registry=registry, interval=resync_seconds, initial_delay=resync_seconds
-    )
-    def on_timer(name: str, namespace: str, body: Any, memo: Any, logger: Any, **_: Any) -> None:
-        run_reconcile(name, namespace, body, memo, logger)
+    async def resync(index: kopf.Index, logger: Any) -> None:
+        """Every `resync_seconds`, one reconcile pass per indexed object (drift, readiness, Jobs)."""
+        while True:
+            await asyncio.sleep(resync_seconds)
+            keys = sorted(index)
+            for stale in set(locks) - set(keys):
+                locks.pop(stale, None)
+            for key in keys:
+                namespace, name = key.split("/", 1)
+                try:
+                    await asyncio.to_thread(run_reconcile, name, namespace, lock_of(namespace, name), logger)
+                except kopf.TemporaryError as error:
+                    logger.warning(f"Resync of {key} failed: {error}")
+                except Exception as error:  # one object's bug must not stop the resync of the others
+                    logger.error(f"Resync of {key} failed: {error!r}")
+                else:
+                    logger.info(f"Resync of {key} succeeded.")
+
+    @kopf.on.startup(id="resync", registry=registry)
+    async def start_resync(memo: kopf.Memo, logger: Any, **kwargs: Any) -> None:
+        memo["resync_task"] = asyncio.create_task(resync(kwargs["basin_deployments"], logger))
+
+    @kopf.on.cleanup(id="resync", registry=registry)
+    async def stop_resync(memo: kopf.Memo, **_: Any) -> None:
+        task = memo.get("resync_task")
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

@@ -1,21 +1,23 @@
-"""The operator's few API verbs over the kubernetes dynamic client: get, ensure (create or replace when the
-built spec changed), delete, and the BasinDeployment's status patch."""
+"""The operator's few API verbs over the kubernetes dynamic client: get, ensure (server-side apply of a built
+child), delete, events, and the BasinDeployment's status patch."""
 
 from __future__ import annotations
 
 import contextlib
-import copy
+import datetime
 import threading
 from typing import Any
 
 from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
-from kubernetes.dynamic.exceptions import ConflictError, NotFoundError
+from kubernetes.dynamic.exceptions import ConflictError, DynamicApiError, NotFoundError
 
-from basin_operator.constants import ANNOTATION_SPEC_HASH, GROUP, KIND, VERSION
+from basin_operator.constants import GROUP, KIND, MANAGED_BY, VERSION
 
 Manifest = dict[str, Any]
 CREATE_ONLY = {"ConfigMap"}  # the profile ConfigMap's data belongs to the profiling Job
+FIELD_MANAGER = "basin-operator"  # server-side apply: the fields this manager set are the operator's
 
 _lock = threading.Lock()
 _client: DynamicClient | None = None
@@ -57,38 +59,41 @@ def get_basin_deployment(name: str, namespace: str) -> Manifest | None:
 
 
 def ensure(manifest: Manifest) -> str:
-    """Make the child exist as built: 'created', 'updated' (its spec hash changed) or 'unchanged'.
+    """Make the child exist as built: 'created', 'updated' (a field the operator owns differed) or
+    'unchanged'.
 
-    Replacing keeps what the apiserver owns (a Service's cluster IP); create-only kinds are never rewritten.
-    A 409 on create means a concurrent pass or a restarted operator's earlier create: the object exists.
+    Server-side apply under the operator's field manager, forced, on every pass: every field the built
+    manifest sets is the operator's and is put back whatever changed it (`kubectl scale`, `kubectl set
+    image`, another controller), while fields it does not set stay with their owners (a Service's cluster
+    IP, the token controller's ServiceAccount secrets, defaults) and a field the operator stops setting is
+    removed. 'updated' means the applied fields differ from what they were before (other managers' writes
+    meanwhile, such as status, do not count). Create-only kinds are never rewritten (the profile
+    ConfigMap's data is the Job's).
     """
     resource = _resource(manifest["apiVersion"], manifest["kind"])
     meta = manifest["metadata"]
     existing = get(manifest["apiVersion"], manifest["kind"], meta["name"], meta["namespace"])
+    if existing is not None and manifest["kind"] in CREATE_ONLY:
+        return "unchanged"
+    if existing is None and manifest["kind"] in CREATE_ONLY:
+        return "created" if create(manifest) else "unchanged"
+    applied = resource.server_side_apply(
+        body=manifest, namespace=meta["namespace"], field_manager=FIELD_MANAGER, force_conflicts=True
+    ).to_dict()
     if existing is None:
-        try:
-            resource.create(body=manifest, namespace=meta["namespace"])
-        except ConflictError:
-            return "unchanged"
         return "created"
-    if manifest["kind"] in CREATE_ONLY:
+    if _project(applied, manifest) == _project(existing, manifest):
         return "unchanged"
-    have = (existing["metadata"].get("annotations") or {}).get(ANNOTATION_SPEC_HASH)
-    if have == meta["annotations"][ANNOTATION_SPEC_HASH]:
-        return "unchanged"
-    body = copy.deepcopy(manifest)
-    body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
-    if manifest["kind"] == "Service":
-        for key in ("clusterIP", "clusterIPs"):
-            if key in existing["spec"]:
-                body["spec"][key] = existing["spec"][key]
-    if manifest["kind"] == "ServiceAccount" and existing.get("secrets"):
-        body["secrets"] = existing["secrets"]  # the token controller's
-    try:
-        resource.replace(body=body, namespace=meta["namespace"])
-    except ConflictError:
-        return "unchanged"  # changed meanwhile; the next pass sees the new version
     return "updated"
+
+
+def _project(value: Any, shape: Any) -> Any:
+    """`value` restricted to the keys `shape` has, at every depth (lists element by element)."""
+    if isinstance(shape, dict) and isinstance(value, dict):
+        return {key: _project(value.get(key), part) for key, part in shape.items()}
+    if isinstance(shape, list) and isinstance(value, list) and len(shape) == len(value):
+        return [_project(item, part) for item, part in zip(value, shape, strict=True)]
+    return value
 
 
 def list_objects(api_version: str, kind: str, namespace: str, selector: str) -> list[Manifest]:
@@ -120,3 +125,32 @@ def patch_status(name: str, namespace: str, status: Manifest) -> None:
     resource.status.patch(
         body={"status": status}, name=name, namespace=namespace, content_type="application/merge-patch+json"
     )
+
+
+def post_event(obj: Manifest, kind: str, reason: str, message: str, logger: Any) -> None:
+    """A core/v1 Event about `obj` (what `kubectl describe` shows); a failure to post is only logged."""
+    meta = obj["metadata"]
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    event = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": {
+            "apiVersion": obj["apiVersion"],
+            "kind": obj["kind"],
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta["uid"],
+        },
+        "type": kind,
+        "reason": reason,
+        "message": message[:1024],
+        "source": {"component": MANAGED_BY},
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+    try:
+        _resource("v1", "Event").create(body=event, namespace=meta["namespace"])
+    except (ApiException, DynamicApiError) as error:
+        logger.warning(f"could not post event {reason}: {error}")

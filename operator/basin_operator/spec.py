@@ -12,7 +12,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from basin import __version__
 from basin.policy.basin import BasinConfig
+from basin_operator.constants import BASIN_IMAGE, ENGINE_IMAGE
 
 _DEFAULTS = BasinConfig()  # the paper's controller defaults (§6.6): one source of truth
 
@@ -60,12 +62,17 @@ class Images(ApiModel):
     """Container images of the children."""
 
     engine: str = Field(
-        "lmsysorg/sglang:v0.5.23", min_length=1, description="SGLang image with the Basin engine extension."
+        f"{ENGINE_IMAGE}:{__version__}",
+        min_length=1,
+        description="SGLang image with the Basin engine extension and NIXL (images/engine, make images).",
     )
     basin: str = Field(
-        "ghcr.io/basin-project/basin:0.1.0",
+        f"{BASIN_IMAGE}:{__version__}",
         min_length=1,
-        description="Basin image: gateway (`basin gateway`) and profiler (`python -m basin_profiler`).",
+        description=(
+            "Basin image (images/basin, make images): gateway (`basin gateway run`), profiler"
+            " (`python -m basin_profiler`) and emulator (`basin emulate`)."
+        ),
     )
     redis: str = Field("redis:7.4-alpine", min_length=1, description="Image of the managed Redis.")
     pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
@@ -204,6 +211,56 @@ class RedisSpec(ApiModel):
     )
 
 
+class DisaggregationSpec(ApiModel):
+    """How prefill hands requests to decode: SGLang's PD flags, set on both engine roles."""
+
+    decode_allocation: Literal["early", "prefill_complete"] = Field(
+        "early",
+        description=(
+            "When decode reserves KV for a request (--disaggregation-decode-allocation-policy): early"
+            " (SGLang's default, at bootstrap) or prefill_complete (reservation at prefill completion,"
+            " which the Basin engine extension accepts on NIXL)."
+        ),
+    )
+    transfer_backend: Literal["mooncake", "nixl"] | None = Field(
+        None,
+        description=(
+            "KV transfer backend (--disaggregation-transfer-backend); unset: nixl with"
+            " decodeAllocation prefill_complete, else SGLang's default (mooncake)."
+        ),
+    )
+
+    def backend(self) -> str | None:
+        """The transfer backend to pass, None for SGLang's default."""
+        if self.transfer_backend is not None:
+            return self.transfer_backend
+        return "nixl" if self.decode_allocation == "prefill_complete" else None
+
+
+EMULATOR_PRESETS = ("h100-1p1d", "h200-1p1d", "h200-1p2d", "h200-1p3d", "h200-2p6d")  # basin emulate
+
+
+class EmulatorSpec(ApiModel):
+    """The emulated-engine mode: `basin emulate` (the calibrated engine model behind SGLang's HTTP API) in
+    place of the prefill and decode engines and the router, behind the same Service, so the control plane
+    runs on clusters without GPUs (demos, CI, kind)."""
+
+    enabled: bool = Field(False, description="Run the emulator instead of SGLang engines and the router.")
+    preset: str | None = Field(
+        None,
+        description=(
+            "Emulated deployment preset (basin emulate --deployment); unset: <gpuKind>-<P>p<D>d from the"
+            " replica counts, which must name a preset."
+        ),
+    )
+    time_scale: float = Field(
+        1.0, gt=0, description="Model seconds per wall second (basin emulate --time-scale)."
+    )
+    resources: Resources = Field(
+        default_factory=Resources, description="Requests and limits of the emulator pod."
+    )
+
+
 class ProfilingSpec(ApiModel):
     """The profiling Job: stepped load ramps through the gateway that fit κ and λc."""
 
@@ -217,11 +274,21 @@ class ProfilingSpec(ApiModel):
     step_seconds: int = Field(720, ge=10, description="Length of one step, seconds.")
     on_scale: bool = Field(True, description="Profile again after every scale event.")
     debounce_seconds: int = Field(
-        300, ge=0, description="Ready replicas must stay changed this long before they trigger a profile."
+        300,
+        ge=0,
+        description="A new shape (spec scale or ready replicas) must hold this long before it is profiled.",
     )
     backoff_seconds: int = Field(60, ge=1, description="First retry delay after a failed profiling Job.")
     max_backoff_seconds: int = Field(
         3600, ge=1, description="Longest retry delay (the delay doubles per failure)."
+    )
+    deadline_seconds: int | None = Field(
+        None,
+        ge=60,
+        description=(
+            "activeDeadlineSeconds of a profiling Job; unset: twice ramps x steps x stepSeconds plus"
+            " 600 s (a hung profiler fails and is retried instead of running forever)."
+        ),
     )
     resources: Resources = Field(
         default_factory=Resources, description="Requests and limits of the Job's pod."
@@ -243,9 +310,21 @@ class BasinDeploymentSpec(ApiModel):
     prefill: RoleSpec = Field(default_factory=RoleSpec, description="Prefill engines.")
     decode: DecodeRoleSpec = Field(default_factory=DecodeRoleSpec, description="Decode engines.")
     router: RouterSpec = Field(default_factory=RouterSpec, description="SGLang PD router.")
+    disaggregation: DisaggregationSpec = Field(
+        default_factory=DisaggregationSpec, description="Prefill-to-decode handoff (SGLang PD flags)."
+    )
+    emulator: EmulatorSpec = Field(
+        default_factory=EmulatorSpec, description="Emulated engines instead of GPUs (basin emulate)."
+    )
     gateway: GatewaySpec = Field(default_factory=GatewaySpec, description="Basin session gateway.")
     redis: RedisSpec = Field(default_factory=RedisSpec, description="Gateway state store.")
     profiling: ProfilingSpec = Field(default_factory=ProfilingSpec, description="Profiling Job settings.")
+
+    def emulator_preset(self) -> str:
+        """The preset the emulator runs: `emulator.preset`, else the one named by GPU kind and replicas."""
+        if self.emulator.preset:
+            return self.emulator.preset
+        return f"{self.gpu_kind}-{self.prefill.replicas}p{self.decode.replicas}d"
 
     def check(self) -> list[str]:
         """Cross-field problems, each naming its field (the apiserver checks everything else)."""
@@ -260,6 +339,12 @@ class BasinDeploymentSpec(ApiModel):
             problems.append(f"spec.redis.url: must start with redis:// or rediss://, got {self.redis.url!r}")
         if self.redis.mode == "managed" and (self.redis.url or self.redis.password_secret):
             problems.append("spec.redis.url/passwordSecret: only for spec.redis.mode external")
+        if self.emulator.enabled and self.emulator_preset() not in EMULATOR_PRESETS:
+            field = "spec.emulator.preset" if self.emulator.preset else "spec.emulator.preset (derived)"
+            problems.append(
+                f"{field}: {self.emulator_preset()!r} is not an emulator preset;"
+                f" one of {', '.join(EMULATOR_PRESETS)}"
+            )
         if self.profiling.max_backoff_seconds < self.profiling.backoff_seconds:
             problems.append(
                 "spec.profiling.maxBackoffSeconds: must be at least spec.profiling.backoffSeconds"

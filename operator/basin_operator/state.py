@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from basin_operator.spec import BasinDeploymentSpec, Condition, ProfilingStatus, ReadyObservation
 
@@ -48,6 +49,24 @@ def set_condition(
     return [ordered[k] for k in CONDITION_TYPES if k in ordered] + [
         x for k, x in ordered.items() if k not in CONDITION_TYPES
     ]
+
+
+def merge_patch(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that turns `before` into `after`: only what changed, nested objects
+    patched key by key, and a null for every key `after` no longer has, at any depth (a merge patch that
+    sets a nested object merges it: without the nulls a failed attempt's `message` and `retryAt` would
+    survive onto the next record)."""
+    patch: dict[str, Any] = {}
+    for key, value in after.items():
+        old = before.get(key)
+        if old == value and key in before:
+            continue
+        if isinstance(value, dict) and isinstance(old, dict):
+            patch[key] = merge_patch(old, value)
+        else:
+            patch[key] = value
+    patch.update({key: None for key in before if key not in after})
+    return patch
 
 
 @dataclass(frozen=True)
@@ -96,19 +115,27 @@ def target_shape(
 ) -> tuple[int, int, str]:
     """The (prefill, decode) replicas the profile should describe, and why.
 
-    The spec's counts, unless serving replicas (at least one of each) have differed from them for the
-    debounce period: then the capacity actually serving. Without `onScale`, the first profile's shape stays.
+    The first profile starts at once with the spec's counts. After that a new shape is profiled only once
+    it has held for the debounce period (`ready.since`: spec and ready counts unchanged), whether the
+    spec was scaled (an autoscaler on the scale subresource would otherwise restart profiling on every
+    step) or ready replicas changed: the spec's counts, unless serving replicas (at least one of each)
+    differ from them, then the capacity actually serving. Until then the current shape stays. Without
+    `onScale`, the first profile's shape stays.
     """
     if last is not None and not spec.profiling.on_scale:
         return last.prefill_replicas, last.decode_replicas, last.trigger
     wanted = (spec.prefill.replicas, spec.decode.replicas)
-    serving = (ready.prefill, ready.decode)
-    held = (now - parse_time(ready.since)).total_seconds()
-    if min(serving) >= 1 and serving != wanted and held >= spec.profiling.debounce_seconds:
-        return *serving, "ready replicas"
     if last is None:
         return *wanted, "create"
-    return *wanted, "scale"
+    serving = (ready.prefill, ready.decode)
+    if min(serving) >= 1 and serving != wanted:
+        candidate, trigger = serving, "ready replicas"
+    else:
+        candidate, trigger = wanted, ("ready replicas" if last.trigger == "ready replicas" else "scale")
+    held = (now - parse_time(ready.since)).total_seconds()
+    if candidate == (last.prefill_replicas, last.decode_replicas) or held < spec.profiling.debounce_seconds:
+        return last.prefill_replicas, last.decode_replicas, last.trigger
+    return *candidate, trigger
 
 
 def backoff_seconds(spec: BasinDeploymentSpec, attempt: int) -> int:

@@ -3,7 +3,6 @@ the CRD, the operator under its least-privilege ClusterRole, and one namespace p
 
 from __future__ import annotations
 
-import base64
 import os
 import subprocess
 import uuid
@@ -20,7 +19,9 @@ from harness import (
     Cluster,
     OperatorProcess,
     free_port,
+    service_account_token,
     wait_for,
+    write_token_kubeconfig,
 )
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -113,31 +114,9 @@ def _operator_kubeconfig(cluster: Cluster, folder: Path) -> Path:
     if os.environ.get("BASIN_TEST_KUBECONFIG"):  # a reused cluster may hold an older ClusterRole
         rbac.replace_cluster_role("basin-operator", yaml.safe_load(CLUSTER_ROLE.read_text()))
 
-    def token() -> str | None:
-        account = core.read_namespaced_service_account("basin-operator", OPERATOR_NAMESPACE)
-        for ref in account.secrets or []:
-            secret = core.read_namespaced_secret(ref.name, OPERATOR_NAMESPACE)
-            if secret.data and secret.data.get("token"):
-                return base64.b64decode(secret.data["token"]).decode()
-        return None
-
-    user_token = wait_for(token, 60, "the operator ServiceAccount's token")
-    cluster_entry = admin["clusters"][0]
+    user_token = service_account_token(core, "basin-operator", OPERATOR_NAMESPACE)
     path = folder / "operator.kubeconfig"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [cluster_entry],
-                "users": [{"name": "basin-operator", "user": {"token": user_token}}],
-                "contexts": [
-                    {"name": "op", "context": {"cluster": cluster_entry["name"], "user": "basin-operator"}}
-                ],
-                "current-context": "op",
-            }
-        )
-    )
+    write_token_kubeconfig(admin, user_token, path)
     return path
 
 

@@ -10,6 +10,7 @@ by patching Pod status; each test gets its own namespace.
 
 from __future__ import annotations
 
+import base64
 import socket
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -48,6 +50,49 @@ def wait_for(
             return last
         time.sleep(every)
     pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+
+
+def service_account_token(core: client.CoreV1Api, name: str, namespace: str) -> str:
+    """A token of the ServiceAccount from the TokenRequest API (Kubernetes >= 1.22 stops creating token
+    Secrets, and 1.24 drops `ServiceAccount.secrets`), else, on a cluster without that API, from the token
+    Secret the token controller made."""
+    try:
+        answer = core.create_namespaced_service_account_token(
+            name, namespace, {"spec": {"expirationSeconds": 86_400}}
+        )
+        return str(answer.status.token)
+    except ApiException as error:
+        if error.status not in (404, 405):
+            raise
+
+    def from_secret() -> str | None:
+        account = core.read_namespaced_service_account(name, namespace)
+        for ref in account.secrets or []:
+            secret = core.read_namespaced_secret(ref.name, namespace)
+            if secret.data and secret.data.get("token"):
+                return base64.b64decode(secret.data["token"]).decode()
+        return None
+
+    return str(wait_for(from_secret, 60, f"the {name} ServiceAccount's token Secret"))
+
+
+def write_token_kubeconfig(admin: dict[str, Any], token: str, path: Path) -> None:
+    """A kubeconfig for the admin kubeconfig's cluster that authenticates with `token`."""
+    cluster_entry = admin["clusters"][0]
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [cluster_entry],
+                "users": [{"name": "basin-operator", "user": {"token": token}}],
+                "contexts": [
+                    {"name": "op", "context": {"cluster": cluster_entry["name"], "user": "basin-operator"}}
+                ],
+                "current-context": "op",
+            }
+        )
+    )
 
 
 def free_port() -> int:
@@ -91,6 +136,7 @@ class OperatorProcess:
     process: subprocess.Popen | None = None
     logs: list[Path] = field(default_factory=list)
     liveness_port: int = field(default_factory=free_port)
+    extra_args: list[str] = field(default_factory=list)  # e.g. ["--namespace", NS] for a namespaced install
 
     def start(self) -> None:
         log = self.folder / f"operator-{len(self.logs)}.log"
@@ -106,6 +152,7 @@ class OperatorProcess:
             "--log-json",
             "--liveness",
             f"http://127.0.0.1:{self.liveness_port}/healthz",
+            *self.extra_args,
         ]
         self.process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
         wait_for(lambda: "basin operator watching" in log.read_text(), 60, "the operator to start")

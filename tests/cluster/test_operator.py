@@ -325,7 +325,7 @@ def test_invalid_resources_are_rejected_naming_the_field(
 def test_status_progresses_and_scale_reprofiles(
     cluster: Cluster, operator_process: OperatorProcess, namespace: str
 ) -> None:
-    create(cluster, namespace, resource("x", profiling={"debounceSeconds": 600}))
+    create(cluster, namespace, resource("x"))
     first = running_job(cluster, namespace, "x")
     set_pods_ready(cluster, namespace, "x", "prefill", 1)
     wait_condition(cluster, namespace, "x", "PrefillReady", "True", "ReplicasReady")
@@ -350,17 +350,18 @@ def test_status_progresses_and_scale_reprofiles(
     assert (profile["kappa"], profile["lambdaCPerMin"], profile["state"]) == (1.1, 6.0, "fresh")
     assert profile["fingerprint"] == first["fingerprint"] and obj["status"]["phase"] == "Ready"
 
-    # Scale prefill 1 -> 2 through the scale subresource: a new Job, the old profile stale meanwhile.
+    # Scale prefill 1 -> 2 through the scale subresource: once the new pod is ready and that has held for
+    # the debounce, a new Job, the old profile stale meanwhile.
     cluster.custom.patch_namespaced_custom_object_scale(
         GROUP, VERSION, namespace, PLURAL, "x", {"spec": {"replicas": 2}}
     )
+    set_pods_ready(cluster, namespace, "x", "prefill", 2)
     second = running_job(cluster, namespace, "x", exclude=(first["job"],))
     assert second["prefillReplicas"] == 2 and second["trigger"] == "scale"
     assert second["fingerprint"] != first["fingerprint"]
     obj = wait_condition(cluster, namespace, "x", "Profiled", "False", "Profiling")
     assert obj["status"]["profile"]["state"] == "stale" and obj["status"]["profile"]["kappa"] == 1.1
     assert cluster.apps.read_namespaced_deployment("x-prefill", namespace).spec.replicas == 2
-    set_pods_ready(cluster, namespace, "x", "prefill", 2)
     scale = cluster.custom.get_namespaced_custom_object_scale(GROUP, VERSION, namespace, PLURAL, "x")
     wait_for(
         lambda: (
@@ -386,6 +387,7 @@ def test_status_progresses_and_scale_reprofiles(
     cluster.custom.patch_namespaced_custom_object(
         GROUP, VERSION, namespace, PLURAL, "x", {"spec": {"decode": {"replicas": 3}}}
     )
+    set_pods_ready(cluster, namespace, "x", "decode", 3)
     third = running_job(cluster, namespace, "x", exclude=(first["job"], second["job"]))
     assert (third["prefillReplicas"], third["decodeReplicas"]) == (2, 3)
 
@@ -515,10 +517,9 @@ def test_drift_restart_and_garbage_collection(
         60,
         "the new operator to resume this object",
     )
-    ticks = log.read_text().count("Timer 'resync' succeeded")
-    wait_for(
-        lambda: log.read_text().count("Timer 'resync' succeeded") >= ticks + 3, 60, "three resync passes"
-    )
+    tick = f"Resync of {namespace}/x succeeded"
+    ticks = log.read_text().count(tick)
+    wait_for(lambda: log.read_text().count(tick) >= ticks + 3, 60, "three resync passes")
     assert children(cluster, namespace, "x") == before
 
     # Deleting the resource garbage-collects every child (owner references; no finalizer holds it).

@@ -63,7 +63,7 @@ def test_engine_flags() -> None:
     assert "--enable-hierarchical-cache" not in off
     deployment = builders.build_engine_deployment("x", "ns", s, "prefill")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    assert container["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert deployment["spec"]["template"]["metadata"]["annotations"] == {"sglang.ai/bootstrap-port": "8998"}
 
 
@@ -153,7 +153,8 @@ def test_engine_pods_enable_the_plugin_by_its_entry_point_name() -> None:
     assert plugins[constants.ENGINE_PLUGIN].startswith("basin_engine_ext:")
 
 
-def test_both_engine_roles_agree_on_the_unit_port_and_carry_the_lend_cap() -> None:
+def test_both_engine_roles_agree_on_the_unit_port_and_only_decode_carries_the_lend_cap() -> None:
+    """φ is read by decode's lender alone; in prefill's pod template a φ edit would roll prefill too."""
     from basin_operator import constants
 
     shaped = spec(gateway={"policy": {"lendCap": 0.3}})
@@ -163,7 +164,68 @@ def test_both_engine_roles_agree_on_the_unit_port_and_carry_the_lend_cap() -> No
         container = pod["containers"][0]
         envs[mode] = {e["name"]: e["value"] for e in container["env"]}
         assert envs[mode]["BASIN_ENGINE_UNIT_PORT"] == str(constants.UNIT_PORT)
-        assert envs[mode]["BASIN_ENGINE_LEND_CAP"] == "0.3"
+        assert envs[mode].get("BASIN_ENGINE_LEND_CAP") == ("0.3" if mode == "decode" else None)
         assert envs[mode][constants.ENGINE_PLUGIN_ENV] == constants.ENGINE_PLUGIN
     decode_ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert decode_ports["units"] == constants.UNIT_PORT
+
+
+def test_reservation_at_prefill_completion_flags() -> None:
+    def args(mode: str, **extra: object) -> list[str]:
+        return builders.engine_args(spec(**extra), mode)
+
+    for mode in ("prefill", "decode"):
+        assert "--disaggregation-transfer-backend" not in args(mode)
+        assert "--disaggregation-decode-allocation-policy" not in args(mode)
+        reserved = args(mode, disaggregation={"decodeAllocation": "prefill_complete"})
+        assert reserved[reserved.index("--disaggregation-transfer-backend") + 1] == "nixl"
+        assert reserved[reserved.index("--disaggregation-decode-allocation-policy") + 1] == "prefill_complete"
+        mooncake = args(mode, disaggregation={"transferBackend": "mooncake"})
+        assert mooncake[mooncake.index("--disaggregation-transfer-backend") + 1] == "mooncake"
+
+
+def test_profiling_job_has_a_deadline_and_a_ttl() -> None:
+    job = builders.build_profile_job("x", "ns", spec(), "f", 1, 1, 1)["spec"]
+    assert job["activeDeadlineSeconds"] == 2 * 4 * 8 * 720 + 600
+    assert job["ttlSecondsAfterFinished"] > 0 and job["backoffLimit"] == 0
+    short = spec(profiling={"deadlineSeconds": 900})
+    assert builders.build_profile_job("x", "ns", short, "f", 1, 1, 1)["spec"]["activeDeadlineSeconds"] == 900
+
+
+def test_the_gateway_role_names_its_configmap() -> None:
+    rules = builders.build_role("x", "ns", "gateway")["rules"]
+    for rule in rules:
+        if "configmaps" in rule["resources"]:
+            assert rule["resourceNames"] == ["x-profile"]
+
+
+def test_emulated_engines_replace_engines_and_router_behind_the_same_service() -> None:
+    emulated = spec(decode={"replicas": 3}, emulator={"enabled": True, "timeScale": 10})
+    assert emulated.check() == []
+    children = by_key(builders.build_children("x", "ns", emulated))
+    for gone in ("x-prefill", "x-decode", "x-router"):
+        assert ("Deployment", gone) not in children
+    assert ("ServiceAccount", "x-router") not in children and ("Role", "x-router") not in children
+    pod = children[("Deployment", "x-emulator")]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["image"] == emulated.images.basin and container["command"] == ["basin"]
+    args = container["args"]
+    assert args[0] == "emulate"
+    assert args[args.index("--deployment") + 1] == "h200-1p3d"
+    assert args[args.index("--time-scale") + 1] == "10"
+    assert args[args.index("--host-tier") + 1] == "2"
+    assert args[args.index("--port") + 1] == "8000"
+    service = children[("Service", "x-router")]["spec"]
+    assert service["selector"]["app.kubernetes.io/component"] == "emulator"
+    assert {p["targetPort"] for p in service["ports"]} == {8000}
+    gateway = children[("Deployment", "x-gateway")]["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in gateway["env"]}
+    assert env["BASIN_ROUTER_URL"] == "http://x-router:8000" and env["BASIN_ENGINES_EMULATED"] == "1"
+    assert "emulator" in env["BASIN_PREFILL_SELECTOR"] and env["BASIN_ENGINE_PORT"] == "8000"
+    assert [k for _, k, n in builders.obsolete_children("x", emulated)].count("Deployment") == 3
+    assert builders.obsolete_children("x", spec()) == [("apps/v1", "Deployment", "x-emulator")]
+    # A shape without a preset is named in the problem; an explicit preset overrides the derived one.
+    odd = spec(prefill={"replicas": 3}, emulator={"enabled": True})
+    assert any("spec.emulator.preset" in problem for problem in odd.check())
+    named = spec(prefill={"replicas": 3}, emulator={"enabled": True, "preset": "h200-2p6d"})
+    assert named.check() == [] and "h200-2p6d" in builders.emulator_args(named)

@@ -13,6 +13,7 @@ from basin_operator.state import (
     choose_attempt,
     classify,
     job_state,
+    merge_patch,
     observe_ready,
     plan_profiling,
     rfc3339,
@@ -55,20 +56,36 @@ def test_condition_transition_time_moves_only_on_status_change() -> None:
     assert [c.type for c in conditions] == ["PrefillReady", "Ready"]
 
 
-def test_spec_scale_profiles_at_once_and_ready_changes_after_the_debounce() -> None:
+def test_spec_scale_and_ready_changes_both_wait_for_the_debounce() -> None:
     s = spec(profiling={"debounceSeconds": 60})
     seen = observe_ready(None, 1, 1, s, T0)
-    assert target_shape(s, seen, None, T0) == (1, 1, "create")
+    assert target_shape(s, seen, None, T0) == (1, 1, "create")  # the first profile starts at once
     scaled = spec(prefill={"replicas": 2}, profiling={"debounceSeconds": 60})
     seen = observe_ready(seen, 1, 1, scaled, later(100))
     assert seen.since == rfc3339(later(100))  # the spec change restarts the clock
-    assert target_shape(scaled, seen, profiling(), later(110)) == (2, 1, "scale")
-    # The new pod never becomes ready: after the debounce, profile what serves.
+    # Within the debounce the current profiling keeps its shape: an autoscaler flapping the scale
+    # subresource cannot thrash profiling.
+    assert target_shape(scaled, seen, profiling(), later(110)) == (1, 1, "create")
+    # The new pod becomes ready (the clock restarts); once that has held, the new shape is profiled.
+    ready = observe_ready(seen, 2, 1, scaled, later(120))
+    assert target_shape(scaled, ready, profiling(), later(179)) == (1, 1, "create")
+    assert target_shape(scaled, ready, profiling(), later(180)) == (2, 1, "scale")
+    # The new pod never becomes ready: after the debounce, what serves is what was measured; nothing new.
     assert target_shape(scaled, observe_ready(seen, 1, 1, scaled, later(161)), profiling(), later(161)) == (
         1,
         1,
-        "ready replicas",
+        "create",
     )
+    # Serving differs from both the spec and the last profile: profile what serves, after the debounce.
+    down = observe_ready(seen, 1, 1, scaled, later(100))
+    two = profiling(prefill_replicas=2, decode_replicas=2)
+    assert target_shape(scaled, down, two, later(159)) == (2, 2, "create")
+    assert target_shape(scaled, down, two, later(160)) == (1, 1, "ready replicas")
+    # Ready replicas recover and hold again: the spec's shape is measured again, after the debounce too.
+    measured = profiling(trigger="ready replicas")
+    back = observe_ready(seen, 2, 1, scaled, later(300))
+    assert target_shape(scaled, back, measured, later(330)) == (1, 1, "ready replicas")
+    assert target_shape(scaled, back, measured, later(360)) == (2, 1, "ready replicas")
     # Nothing serving is nothing to profile.
     empty = observe_ready(None, 0, 1, scaled, T0)
     assert target_shape(scaled, empty, profiling(), later(1000)) == (2, 1, "scale")
@@ -152,3 +169,15 @@ def test_attempt_numbering_never_duplicates_a_job() -> None:
     assert choose_attempt(2, False, {}) == (2, True)
     assert choose_attempt(2, False, {2: "running"}) == (2, False)
     assert choose_attempt(3, False, {1: "failed: x", 2: "failed: y"}) == (3, True)
+
+
+def test_merge_patch_removes_keys_at_any_depth() -> None:
+    before = {"phase": "ProfilingFailed", "profiling": {"job": "j1", "message": "boom", "retryAt": "t"}}
+    after = {"phase": "Pending", "profiling": {"job": "j2"}}
+    assert merge_patch(before, after) == {
+        "phase": "Pending",
+        "profiling": {"job": "j2", "message": None, "retryAt": None},
+    }
+    assert merge_patch(after, after) == {}
+    assert merge_patch({"profile": {"kappa": 1}}, {}) == {"profile": None}
+    assert merge_patch({}, {"profile": {"kappa": 1}}) == {"profile": {"kappa": 1}}
