@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from basin.plan import Surge, WorkloadSpec, plan, verify
+from basin.plan import Surge, WorkloadSpec, grid_verdicts, plan, verify
 
 pytestmark = pytest.mark.slow
 
@@ -19,3 +19,15 @@ def test_the_recommended_split_recovers_and_the_last_one_traps(base_rate: float)
     checked = verify([best, worst], "h200", workload, base_rate, surge, "hicache", processes=2)
     assert [v.agrees for v in checked] == [True, True], checked
     assert checked[0].label in ("healthy", "recovering") and checked[1].label == "trapped"
+
+
+def test_verdicts_agree_with_the_simulator_across_the_papers_grid() -> None:
+    """The 36 deployments of `basin analyze --grid`, each at half its model departure peak with a ×5 surge
+    for 20 minutes. Measured: 33 of 36 agree (92 %; the model's first-limit classification, `analyze
+    --grid`, agrees on 61 %); the three misses are 2× host tiers with tool time ×3, where the model
+    expects a slow drain and the simulator stays healthy. Every trapped run is one the model flags."""
+    verdicts = grid_verdicts(Surge(5, 20), base_fraction=0.5, processes=2)
+    assert len(verdicts) == 36
+    assert sum(v.agrees for v in verdicts) >= 0.8 * len(verdicts)
+    trapped = [v for v in verdicts if v.simulated_label == "trapped"]
+    assert trapped and not any(v.model_recovers for v in trapped)
