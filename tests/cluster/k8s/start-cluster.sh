@@ -43,8 +43,9 @@ done
 echo "apiserver ready after ~$((i/2))s" >&2
 "$B/kube-controller-manager" --kubeconfig="$D/kubeconfig" --bind-address=127.0.0.1 --secure-port="$KCM_PORT" --port=0 --leader-elect=false \
   --service-account-private-key-file=pki/sa.key --root-ca-file=pki/ca.crt --use-service-account-credentials=true \
-  --controllers='*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle,-route,-service,-serviceaccount-token' > "$D/kcm.log" 2>&1 & echo $! > "$D/kcm.pid"
-# -serviceaccount-token: no token Secrets, as on Kubernetes >= 1.24, so the tests use the TokenRequest API.
+  --controllers='*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle,-route,-service' > "$D/kcm.log" 2>&1 & echo $! > "$D/kcm.pid"
+# The token controller stays on: Kubernetes 1.20's ServiceAccount admission refuses a Pod that mounts its
+# token (the router's) until a token Secret exists. The tests ask the TokenRequest API first, as on >= 1.24.
 # --port=0: no insecure port (its fixed 10252 would collide with another cluster on this machine).
 ok=""
 for i in $(seq 1 120); do
