@@ -275,10 +275,20 @@ class LivePair:
     def received(self, role: str) -> list[dict[str, Any]]:
         """The requests this engine received, from SGLang's own request log (`request.received` JSON
         lines: rid, priority, sampling parameters with `custom_params`, bootstrap fields)."""
+        return self.request_log(role, "request.received")
+
+    def finished(self, role: str) -> dict[str, dict[str, Any]]:
+        """This engine's finished requests by rid, from its request log (`request.finished`: the output's
+        `meta_info`, e.g. prefill's `cached_tokens` and `forward_entry_time`)."""
+        return {
+            entry["rid"]: entry["out"]["meta_info"] for entry in self.request_log(role, "request.finished")
+        }
+
+    def request_log(self, role: str, event: str) -> list[dict[str, Any]]:
         out = []
         for line in self.log(role).splitlines():
             start = line.find('{"timestamp"')
-            if start < 0 or '"request.received"' not in line:
+            if start < 0 or f'"{event}"' not in line:
                 continue
             try:
                 out.append(json.loads(line[start:]))

@@ -389,7 +389,11 @@ def live_pair(tmp_path_factory: pytest.TempPathFactory):
     sys.path.insert(0, str(LIVE_DIR))
     from pair import LivePair
 
-    pair = LivePair(sys.executable, tiny_model_dir(), tmp_path_factory.mktemp("live-pair"))
+    # BASIN_LIVE_SGLANG_PLUGINS replaces the servers' SGLANG_PLUGINS=basin, to see the tests fail
+    # without Basin's plugin (e.g. BASIN_LIVE_SGLANG_PLUGINS=none).
+    plugins = os.environ.get("BASIN_LIVE_SGLANG_PLUGINS")
+    env = {} if plugins is None else {"SGLANG_PLUGINS": plugins}
+    pair = LivePair(sys.executable, tiny_model_dir(), tmp_path_factory.mktemp("live-pair"), env=env)
     pair.start()
     try:
         yield pair
