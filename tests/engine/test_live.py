@@ -245,3 +245,118 @@ def test_router_never_reaches_for_the_hub(live_pair: Any) -> None:
     log = re.sub(r"\x1b\[[0-9;]*m", "", live_pair.log("router"))
     assert "register_tokenizer" in log  # the router did load a tokenizer (from the local model folder)
     assert not [m for m in HUB_MARKERS if m.lower() in log.lower()]
+
+
+# 3. Unit fetch after prefill lost the prefix -----------------------------------------------------------
+
+
+def flush_prefill(pair: Any) -> None:
+    """SGLang's `/flush_cache` on prefill (refused while requests are in flight: poll until it is done)."""
+    import requests
+
+    poll(
+        lambda: requests.post(f"{pair.prefill_url}/flush_cache", timeout=30).status_code == 200,
+        "prefill's cache flushed",
+    )
+
+
+def test_next_turn_fetches_unit_after_prefill_flush(live_pair: Any) -> None:
+    """After prefill lost a session's prefix (`/flush_cache`), the session's next call fetches the prefix
+    from decode's unit over NIXL instead of recomputing it: decode's unit hits and fetched tokens rise,
+    and SGLang's prefill reports the prefix as cached for that call although its cache was just flushed;
+    the output equals a recompute's (the same prompt, no unit, after another flush)."""
+    pair = live_pair
+    turn1 = token_ids(400, seed=300)
+    turn2 = turn1 + token_ids(40, seed=301)
+    pair.dispatch("/generate", generate(turn1, 4, marked("fetch-1"), rid="fetch-1-turn1"))
+    flush_prefill(pair)
+    before = basin(pair, "decode")
+    fallbacks = basin(pair, "prefill")["unit_fallbacks_total"]
+    answer = pair.dispatch("/generate", generate(turn2, 8, marked("fetch-1"), rid="fetch-1-turn2"))
+    after = basin(pair, "decode")
+    assert after["unit_hits_total"] == before["unit_hits_total"] + 1
+    assert after["fetched_tokens_total"] - before["fetched_tokens_total"] == len(turn1)
+    assert basin(pair, "prefill")["unit_fallbacks_total"] == fallbacks
+    assert pair.finished("prefill")["fetch-1-turn2"]["cached_tokens"] == len(turn1)
+    flush_prefill(pair)
+    recomputed = pair.dispatch("/generate", generate(turn2, 8, rid="fetch-1-recompute"))
+    assert pair.finished("prefill")["fetch-1-recompute"]["cached_tokens"] == 0
+    assert basin(pair, "decode")["fetched_tokens_total"] == after["fetched_tokens_total"]
+    assert answer["output_ids"] == recomputed["output_ids"]
+
+
+def test_decode_stalled_mid_fetch_falls_back_to_recompute(live_pair: Any) -> None:
+    """A decode instance that stops serving (SGLang's in-place pause stops its scheduler loop, which polls
+    the unit service) makes prefill give up the fetch at its deadline and recompute; once decode resumes,
+    the call completes with the model's own output."""
+    pair = live_pair
+    turn1 = token_ids(300, seed=400)
+    turn2 = turn1 + token_ids(30, seed=401)
+    pair.dispatch("/generate", generate(turn1, 4, marked("stall-1")))
+    flush_prefill(pair)
+    fallbacks = basin(pair, "prefill")["unit_fallbacks_total"]
+    fetched = basin(pair, "decode")["fetched_tokens_total"]
+    pair.post("decode", "/pause_generation", {"mode": "in_place"})
+    with ThreadPoolExecutor(1) as pool:
+        try:
+            call = pool.submit(
+                pair.dispatch, "/generate", generate(turn2, 8, marked("stall-1"), rid="stall-1-turn2")
+            )
+            poll(
+                lambda: basin(pair, "prefill")["unit_fallbacks_total"] > fallbacks,
+                "prefill abandoning the fetch from the paused decode",
+            )
+        finally:
+            pair.post("decode", "/continue_generation", {})
+        answer = call.result(timeout=300)
+    assert basin(pair, "decode")["fetched_tokens_total"] == fetched
+    assert pair.finished("prefill")["stall-1-turn2"]["cached_tokens"] == 0
+    assert answer["output_ids"] == reference_tokens(pair.model, turn2, 8)
+
+
+# 4. Priority -------------------------------------------------------------------------------------------
+
+
+def test_lower_priority_value_leaves_the_prealloc_queue_first(live_pair: Any) -> None:
+    """Two calls that wait together in decode's prealloc queue (sent through the router, which carries
+    `priority` on /generate, with priorities 30 then 10) are reserved lowest value first. A running
+    blocker holds decode's KV; decode is paused in place while both calls are prefilled (a paused server
+    holds new calls in its tokenizer manager), then resumed, so both reach its prealloc queue together.
+    Each needs its 1800-token prompt plus SGLang's 512 reserved decode tokens, so they fit neither beside
+    the blocker nor beside each other: once the blocker is aborted decode takes one, then the other, and
+    their decode-forward entry times say in which order."""
+    pair = live_pair
+    with ThreadPoolExecutor(3) as pool:
+        # max_new_tokens stays within SGLang's 512 reserved tokens: see docs/engine-ext.md, "Live on CPU"
+        blocker = pool.submit(
+            pair.dispatch, "/generate", generate(token_ids(1900, seed=600), 500, rid="prio-blocker")
+        )
+        poll(lambda: loads(pair, "decode")["num_running_reqs"] >= 1, "the blocker decoding")
+        calls = {}
+        pair.post("decode", "/pause_generation", {"mode": "in_place"})
+        try:
+            for n, priority in enumerate((30, 10), start=1):
+                body = generate(
+                    token_ids(1800, seed=600 + priority), 4, rid=f"prio-{priority}", priority=priority
+                )
+                calls[priority] = pool.submit(pair.post, "router", "/generate", body)
+                poll(
+                    lambda n=n: loads(pair, "prefill")["disaggregation"]["prefill_inflight_queue_reqs"] >= n,
+                    f"{n} calls prefilled and waiting for decode",
+                )
+        finally:
+            pair.post("decode", "/continue_generation", {})
+        try:
+            queued = poll(
+                lambda: (
+                    (lo := loads(pair, "decode"))["disaggregation"]["decode_prealloc_queue_reqs"] >= 2 and lo
+                ),
+                "both calls in decode's prealloc queue",
+            )
+            assert queued["num_running_reqs"] == 1  # the blocker alone: neither call fits beside it
+        finally:
+            pair.post("decode", "/abort_request", {"rid": "prio-blocker"})
+        answers = {priority: call.result(timeout=300) for priority, call in calls.items()}
+        blocker.exception(timeout=300)  # aborted: SGLang answers with an abort (or an error status)
+    entered = {p: a["meta_info"]["forward_entry_time"] for p, a in answers.items()}
+    assert entered[10] < entered[30], entered
