@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-engine lint venv clean crds system-deps images
+.PHONY: demo test test-engine test-live lint venv clean crds system-deps images
 
 $(BIN)/basin: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,16 @@ test-engine:
 	bash engine_ext/make-venv.sh $(SGLANG_VENV)
 	$(SGLANG_VENV)/bin/pip install --quiet --no-deps --no-build-isolation -e .
 	UCX_NET_DEVICES=lo $(SGLANG_VENV)/bin/python -m pytest -m engine tests/engine
+	$(MAKE) test-live
+
+# The live tests: a real SGLang prefill-decode pair on CPU behind sglang-router 0.3.2 (a few minutes; the
+# pair and the router take about 4 GB). The router comes from PyPI without dependencies (all in the venv).
+test-live:
+	bash engine_ext/make-venv.sh $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/pip install --quiet --no-deps --no-build-isolation -e .
+	$(SGLANG_VENV)/bin/python -c "import sglang_router" 2>/dev/null || \
+	  $(SGLANG_VENV)/bin/pip install --quiet --no-deps sglang-router==0.3.2
+	UCX_NET_DEVICES=lo $(SGLANG_VENV)/bin/python -m pytest -m live tests/engine
 
 # The BasinDeployment CRD is generated from the operator's pydantic models; a unit test checks crds/ matches.
 crds: venv

@@ -343,3 +343,59 @@ class HybridDecodeKV(DecodeKV):
 @pytest.fixture
 def hybrid_kv() -> HybridDecodeKV:
     return HybridDecodeKV()
+
+
+# --- live: a real SGLang prefill–decode pair on CPU behind sglang-router (marker `live`) ---
+
+LIVE_DIR = REPO / "engine_ext" / "live"
+
+
+def tiny_model_dir() -> Path:
+    """The live tests' tiny model, built once per machine and version of its script (about 15 s) into
+    ~/.cache/basin, written to a temporary folder and renamed so a half-written model is never used."""
+    import hashlib
+    import shutil
+    import tempfile
+
+    script = LIVE_DIR / "tiny_model.py"
+    digest = hashlib.sha256(script.read_bytes()).hexdigest()[:12]
+    cache = Path(os.environ.get("BASIN_CACHE", Path.home() / ".cache" / "basin"))
+    target = cache / f"tiny-llama-{digest}"
+    if (target / "model.safetensors").exists():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(dir=cache, prefix=".tiny-llama-"))
+    try:
+        subprocess.run(
+            [sys.executable, str(script), str(scratch)], check=True, capture_output=True, timeout=600
+        )
+        try:
+            scratch.rename(target)
+        except OSError:
+            if not (target / "model.safetensors").exists():
+                raise  # someone else's rename won the race otherwise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target
+
+
+@pytest.fixture(scope="session")
+def live_pair(tmp_path_factory: pytest.TempPathFactory):
+    """One live PD pair with Basin's plugin (`SGLANG_PLUGINS=basin`, `prefill_complete` on NIXL, priority
+    scheduling, a unit port) and sglang-router, started once per test session and stopped at its end,
+    also when starting fails (process groups killed). Logs stay in the session's temporary folder."""
+    if importlib.util.find_spec("sglang_router") is None:
+        pytest.fail("sglang-router is not installed in this venv: run `make test-live`")
+    sys.path.insert(0, str(LIVE_DIR))
+    from pair import LivePair
+
+    # BASIN_LIVE_SGLANG_PLUGINS replaces the servers' SGLANG_PLUGINS=basin, to see the tests fail
+    # without Basin's plugin (e.g. BASIN_LIVE_SGLANG_PLUGINS=none).
+    plugins = os.environ.get("BASIN_LIVE_SGLANG_PLUGINS")
+    env = {} if plugins is None else {"SGLANG_PLUGINS": plugins}
+    pair = LivePair(sys.executable, tiny_model_dir(), tmp_path_factory.mktemp("live-pair"), env=env)
+    pair.start()
+    try:
+        yield pair
+    finally:
+        pair.stop()
