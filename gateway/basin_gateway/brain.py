@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,10 @@ from basin.policy import Admission, CallDirectives, CallInfo, Policy, SessionInf
 log = logging.getLogger("basin.gateway")
 
 FORWARD, PARK, SHED, REJECT = "forward", "park", "shed", "reject"
+# Policy attributes that are sums over its sessions (BASIN's reservation ledger): rebuilt by adoption.
+SESSION_DERIVED = frozenset({"reserved", "residents", "resident_context"})
+TASK_KEPT = 8192
+NON_FINITE = ("nan", "inf", "-inf")  # characters of task text kept in the shared session table
 
 
 @dataclass
@@ -40,6 +44,21 @@ class Entry:
     paused: bool = False  # told to hold at its next turn boundary (ThunderAgent, CONCUR)
     parked_answers: int = 0  # 429s given to it
     reason: str = ""
+    task: str = ""  # what the predictor saw (kept so a new leader predicts the same peak)
+    first_tokens: int = 0
+
+    def record(self) -> dict[str, Any]:
+        """The session as the shared table keeps it."""
+        return {
+            "state": self.state,
+            "arrived": self.arrived,
+            "context": self.context,
+            "calls": self.calls,
+            "paused": self.paused,
+            "reason": self.reason,
+            "task": self.task[:TASK_KEPT],
+            "first_tokens": self.first_tokens,
+        }
 
 
 @dataclass(frozen=True)
@@ -125,7 +144,9 @@ class Brain:
         self.arrived += 1
         info = SessionInfo(sid, now, task, prompt_tokens)
         decision = self.policy.on_session_arrival(now, info)
-        entry = Entry(sid, "active", now, now, context=prompt_tokens)
+        entry = Entry(
+            sid, "active", now, now, context=prompt_tokens, task=task[:TASK_KEPT], first_tokens=prompt_tokens
+        )
         if decision is Admission.REJECT:
             self.outcomes["rejected", "policy"] += 1
             self.policy.on_session_end(now, sid, False)
@@ -233,19 +254,84 @@ class Brain:
                 ended.append(entry.sid)
         return ended
 
+    # ------------------------------------------------------------------ hand-over
+    def adopt(self, now: float, sid: str, record: dict[str, Any]) -> None:
+        """Take over a running session decided elsewhere (a replica during a Redis outage, or the
+        previous leader): the policy is told it arrived warm, at its arrival time, then its context."""
+        if sid in self.sessions:
+            return
+        arrived = float(record.get("arrived", now))
+        first = int(record.get("first_tokens") or 0)
+        info = SessionInfo(sid, arrived, str(record.get("task", "")), first, warm=True)
+        self.policy.on_session_arrival(arrived, info)
+        self.arrived += 1
+        calls = int(record.get("calls") or 0)
+        context = int(record.get("context") or first)
+        entry = Entry(
+            sid,
+            "active",
+            arrived,
+            now,
+            context=context,
+            calls=calls,
+            task=info.task,
+            first_tokens=first,
+            paused=bool(record.get("paused")),
+        )
+        self.sessions[sid] = entry
+        if calls:
+            self.policy.on_call_end(now, CallInfo(sid, calls - 1, first), context)
+
+    def restore(self, now: float, controller: dict[str, Any], records: dict[str, dict[str, Any]]) -> None:
+        """Rebuild from the shared snapshot: running sessions warm, the controller's scalars (B, B0,
+        flags, plateau …), then parked sessions re-queued by arrival (their keys as before)."""
+        by_arrival = sorted(records.items(), key=lambda item: float(item[1].get("arrived", 0.0)))
+        for sid, record in by_arrival:
+            if record.get("state") == "active":
+                self.adopt(now, sid, record)
+        self.restore_controller(controller)
+        for sid, record in by_arrival:
+            state = record.get("state")
+            arrived = float(record.get("arrived", now))
+            if state == "parked":
+                first = int(record.get("first_tokens") or 0)
+                info = SessionInfo(sid, arrived, str(record.get("task", "")), first)
+                decision = self.policy.on_session_arrival(arrived, info)
+                entry = Entry(sid, "active", arrived, now, context=first, task=info.task, first_tokens=first)
+                self.sessions[sid] = entry
+                if decision is Admission.PARK:
+                    self._set_state(entry, "parked")
+            elif state == "shed":
+                self.sessions[sid] = Entry(
+                    sid, "shed", arrived, now, reason=str(record.get("reason", "shed"))
+                )
+
     # ------------------------------------------------------------------ snapshot
     def controller_state(self) -> dict[str, Any]:
-        """The policy's scalar state (B, B0, flags, plateau, …): what a new leader needs to resume."""
+        """The policy's own state (B, B0, flags, plateau, smoothed rates, recent arrivals …): what a new
+        leader needs to resume instead of starting cold. Sums over sessions are left out: adopting the
+        sessions rebuilds them."""
         state: dict[str, Any] = {}
         for name, value in vars(self.policy).items():
-            if isinstance(value, bool | int | float | str) or value is None:
+            if name in SESSION_DERIVED:
+                continue
+            if isinstance(value, float) and not math.isfinite(value):
+                state[name] = str(value)  # "nan", "inf": JSON has no such numbers
+            elif isinstance(value, bool | int | float | str) or value is None:
                 state[name] = value
+            elif isinstance(value, deque) and all(isinstance(v, int | float) for v in value):
+                state[name] = list(value)
         return state
 
     def restore_controller(self, state: dict[str, Any]) -> None:
         current = vars(self.policy)
         for name, value in state.items():
-            if name in current and (
-                current[name] is None or isinstance(current[name], bool | int | float | str)
-            ):
+            if name not in current or name in SESSION_DERIVED:
+                continue
+            if value in NON_FINITE:
+                value = float(value)
+            if isinstance(current[name], deque) and isinstance(value, list):
+                current[name].clear()
+                current[name].extend(value)
+            elif current[name] is None or isinstance(current[name], bool | int | float | str):
                 setattr(self.policy, name, value)
