@@ -213,12 +213,12 @@ async def proxy(request: web.Request) -> web.StreamResponse:
     if isinstance(raw, web.Response):
         return raw
     try:
-        body = parse_body(raw)
+        body = parse_body(raw, route)
         shape = call_shape(route, body)
-        session = session_of(request.headers, settings.session_header, body)
+        session = session_of(request.headers, settings.session_header, body.fields)
     except BadInput as exc:
         return error(400, "bad-request", str(exc))
-    rid = body.get("rid")
+    rid = body.fields.get("rid")
     if rid is not None and not isinstance(rid, str):
         return error(400, "bad-request", "rid must be a string")
     rid = rid or f"basin-{uuid.uuid4().hex}"

@@ -11,15 +11,25 @@ from basin.policy import BasinConfig, DeploymentProfile, SessionInfo, make_polic
 from basin_gateway.brain import FORWARD, PARK, REJECT, SHED, Brain, EngineReading
 from basin_gateway.settings import Settings
 
-PROFILE = DeploymentProfile(kappa=1.0, lambda_c_per_min=1.0, prefill_gpu_tokens=10_000, host_tokens=0,
-                            decode_kv_tokens=100_000, prefill_tokens_per_s=1000.0)  # fmt: skip
+PROFILE = DeploymentProfile(
+    kappa=1.0,
+    lambda_c_per_min=1.0,
+    prefill_gpu_tokens=10_000,
+    host_tokens=0,
+    decode_kv_tokens=100_000,
+    prefill_tokens_per_s=1000.0,
+)
 PEAK = 4_000.0
 
 
 def basin_brain(**bounds: float) -> Brain:
     policy = make_policy("basin", PROFILE, lambda info: PEAK, BasinConfig(shed_after_s=100.0))
-    return Brain(policy, int(bounds.get("max_parked", 100)), bounds.get("max_park_wait_s", 10_000.0),
-                 bounds.get("idle_timeout_s", 500.0))  # fmt: skip
+    return Brain(
+        policy,
+        int(bounds.get("max_parked", 100)),
+        bounds.get("max_park_wait_s", 10_000.0),
+        bounds.get("idle_timeout_s", 500.0),
+    )
 
 
 def engage(brain: Brain, now: float) -> None:

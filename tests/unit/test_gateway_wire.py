@@ -6,7 +6,9 @@ import orjson
 import pytest
 
 from basin_gateway.wire import (
+    FAST_PATH_BYTES,
     BadInput,
+    Body,
     answer_tokens,
     call_shape,
     parse_body,
@@ -81,12 +83,20 @@ def test_session_id_from_header_then_body_then_user() -> None:
 
 
 def test_rewrite_places_the_mark_where_sglang_reads_it() -> None:
-    native = orjson.loads(rewrite("/generate", {"input_ids": [1], "sampling_params": {"max_new_tokens": 2}},
-                                  "s1", "r1", 12.34, True))  # fmt: skip
+    body = Body({"input_ids": [1], "sampling_params": {"max_new_tokens": 2}})
+    native = orjson.loads(rewrite("/generate", body, "s1", "r1", 12.34, True))
     assert native["rid"] == "r1" and native["priority"] == 123
     assert native["sampling_params"]["custom_params"] == {"basin_session": "s1", "basin_lend": True}
-    chat = orjson.loads(rewrite("/v1/chat/completions", {"messages": [], "custom_params": {"mine": 1}},
-                                "s2", "r2", None, False))  # fmt: skip
+    chat = orjson.loads(
+        rewrite(
+            "/v1/chat/completions",
+            Body({"messages": [], "custom_params": {"mine": 1}}),
+            "s2",
+            "r2",
+            None,
+            False,
+        )
+    )
     assert "priority" not in chat
     assert chat["custom_params"] == {"mine": 1, "basin_session": "s2"}
 
@@ -108,3 +118,28 @@ def test_token_counts_from_answers_and_stream_tails() -> None:
     ]
     assert stream_tokens(tail) == ((9, 2), True)
     assert stream_tokens([b'data: {"choices": []}\n\n']) == (None, False)
+
+
+@pytest.mark.parametrize("route", ["/generate", "/v1/completions"])
+def test_long_id_lists_are_counted_and_passed_on_unparsed(route: str) -> None:
+    key = "input_ids" if route == "/generate" else "prompt"
+    ids = list(range(FAST_PATH_BYTES))
+    body = {"stream": True, key: ids, "sampling_params": {"max_new_tokens": 3}, "session_id": "s"}
+    parsed = parse_body(orjson.dumps(body), route)
+    assert parsed.ids_key == key and key not in parsed.fields
+    assert call_shape(route, parsed).prompt_tokens == len(ids)
+    out = orjson.loads(rewrite(route, parsed, "s", "r", 1.0, False))
+    assert out[key] == ids and out["rid"] == "r" and out["stream"] is True
+
+
+def test_the_fast_path_falls_back_on_anything_unusual() -> None:
+    batch = orjson.dumps({"input_ids": [[1] * FAST_PATH_BYTES, [2]]})
+    assert parse_body(batch, "/generate").ids_key is None  # a batch: parsed whole, then refused
+    with pytest.raises(BadInput, match="not a batch"):
+        call_shape("/generate", parse_body(batch, "/generate"))
+    nested = orjson.dumps({"sampling_params": {"input_ids": [1]}, "input_ids": list(range(FAST_PATH_BYTES))})
+    parsed = parse_body(nested, "/generate")
+    assert call_shape("/generate", parsed).prompt_tokens == FAST_PATH_BYTES
+    assert orjson.loads(parsed.encode()) == orjson.loads(nested)
+    with pytest.raises(BadInput, match="invalid JSON"):
+        parse_body(b'{"input_ids": [1, 2], "x": ' + b" " * FAST_PATH_BYTES, "/generate")
