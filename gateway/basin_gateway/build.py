@@ -121,6 +121,8 @@ def build_policy(settings: Settings, profile: LoadedProfile | None) -> tuple[Pol
     note = ""
     if name in NEEDS_PREDICTOR:
         predict, note = load_predictor(settings.predictor_path)
+        for task in ("warm up the predictor", ""):  # imports scikit-learn now, not on a live call
+            predict(SessionInfo("warm-up", 0.0, task, 1000))
     config = settings.policy_config
     policy = make_policy(name, profile.profile, predict, config)
     if isinstance(policy, Basin):

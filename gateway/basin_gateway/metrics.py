@@ -24,6 +24,9 @@ class StateCollector(Collector):
     def __init__(self, rows: Callable[[], list[tuple[str, str, dict[str, str], float]]]) -> None:
         self.rows = rows
 
+    def describe(self) -> list[GaugeMetricFamily]:
+        return []  # the rows exist once the gateway runs; registering must not compute them
+
     def collect(self) -> Iterator[GaugeMetricFamily]:
         families: dict[str, GaugeMetricFamily] = {}
         for name, doc, labels, value in self.rows():

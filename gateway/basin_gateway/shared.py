@@ -31,7 +31,10 @@ from typing import Any
 import aiohttp
 import orjson
 import redis.asyncio as aioredis
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.retry import Retry
 
 from basin.policy import CallDirectives
 from basin_gateway.brain import Brain, Verdict
@@ -45,10 +48,15 @@ log = logging.getLogger("basin.gateway")
 KEY_TTL_MS = 24 * 3600 * 1000  # anything a deployment writes outlives it by a day at most
 REPLY_TTL_MS = 60_000
 FLUSH_S = 0.05  # wall seconds between session-table flushes of the leader
+BLOCK_S = 1  # seconds a blocking read (BLPOP) waits before it looks around
 
-# KEYS: lease, fence. ARGV: replica, ttl ms. A new lease and its fencing token, or 0.
+# KEYS: lease, fence. ARGV: replica, ttl ms, key ttl ms, the highest token this replica has seen.
+# A new lease and its fencing token, or 0. Tokens only grow, even across a Redis that lost its data.
 ACQUIRE = """
 if redis.call('SET', KEYS[1], ARGV[1] .. ' pending', 'NX', 'PX', ARGV[2]) then
+  if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(ARGV[4]) then
+    redis.call('SET', KEYS[2], ARGV[4])
+  end
   local token = redis.call('INCR', KEYS[2])
   redis.call('PEXPIRE', KEYS[2], ARGV[3])
   redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. token, 'PX', ARGV[2])
@@ -119,9 +127,12 @@ class RedisCoordinator(Coordinator):
         self.redis = aioredis.Redis.from_url(
             settings.redis_url,
             password=settings.redis_password,
-            socket_timeout=max(settings.lease_ttl_s, 1.0),
+            socket_timeout=BLOCK_S + 1.5,  # above the blocking reads' own timeout
             socket_connect_timeout=1.0,
             max_connections=64,
+            # A pooled connection that went stale (Redis restarted) reconnects once before it counts.
+            retry=Retry(NoBackoff(), 1),
+            retry_on_error=[RedisConnectionError],
         )
         self.acquire = self.redis.register_script(ACQUIRE)
         self.renew = self.redis.register_script(RENEW)
@@ -138,6 +149,8 @@ class RedisCoordinator(Coordinator):
         self.cache: tuple[dict[str, Any], dict[str, dict[str, Any]]] | None = None  # last snapshot seen
         self.local: set[str] = set()  # sessions a follower decided itself while Redis was down
         self.leader_since = 0.0
+        self.back_at = 0.0  # when Redis last came back (a surviving leader gets the first try at the lease)
+        self.seen_token = 0
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -288,7 +301,7 @@ class RedisCoordinator(Coordinator):
                 await asyncio.sleep(0.1)
                 continue
             try:
-                item = await self.redis.blpop([self.k_reply], timeout=1)
+                item = await self.redis.blpop([self.k_reply], timeout=BLOCK_S)
             except (RedisError, OSError) as exc:
                 self._down(exc)
                 continue
@@ -306,7 +319,7 @@ class RedisCoordinator(Coordinator):
                 await asyncio.sleep(0.05)
                 continue
             try:
-                item = await self.redis.blpop([self.k_inbox], timeout=1)
+                item = await self.redis.blpop([self.k_inbox], timeout=BLOCK_S)
                 if item is None:
                     continue
                 batch = [item[1], *(await self.redis.lpop(self.k_inbox, 256) or [])]
@@ -405,8 +418,10 @@ class RedisCoordinator(Coordinator):
                 self.brain.sweep(self.clock.now())
 
     def _lose(self, why: str) -> None:
+        """Stop deciding; the sessions this brain holds are handed to the new leader."""
         if self.leader:
             log.warning("leadership lost: %s", why)
+            self.local = {sid for sid, entry in self.brain.sessions.items() if entry.state == "active"}
         self.leader = False
 
     async def _lease_loop(self) -> None:
@@ -429,11 +444,8 @@ class RedisCoordinator(Coordinator):
                 self._lose("the lease expired")
                 return
             # Redis came back empty (a restart): take the lease again, keep this brain, rewrite the table.
-            token = await self.acquire(
-                keys=[self.k_lease, self.k_fence], args=[self.replica, self.ttl_ms, KEY_TTL_MS]
-            )
+            token = await self._acquire()
             if token:
-                self.token = int(token)
                 await self.redis.set(self.k_epoch, repr(self.clock.epoch), nx=True, px=KEY_TTL_MS)
                 self.written, self.written_controller = {}, b""
                 log.info("lease re-taken after Redis returned (token %d); shared table rewritten", self.token)
@@ -449,17 +461,28 @@ class RedisCoordinator(Coordinator):
             orjson.loads(controller) if controller else {},
             {k.decode(): orjson.loads(v) for k, v in records.items()},
         )
-        if came_back and self.local:
+        holder = await self.redis.get(self.k_lease)
+        if holder and holder.split()[-1].isdigit():
+            self.seen_token = max(self.seen_token, int(holder.split()[-1]))
+        if came_back:
+            self.back_at = time.monotonic()
+        if self.local and holder and not holder.endswith(b"pending"):
             await self._hand_over_local()
-        token = await self.acquire(
-            keys=[self.k_lease, self.k_fence], args=[self.replica, self.ttl_ms, KEY_TTL_MS]
-        )
-        if token:
-            self.token = int(token)
+        if time.monotonic() - self.back_at < self.settings.lease_ttl_s:
+            return  # Redis just came back: the leader from before the outage re-takes its lease first
+        if await self._acquire():
             await self._become_leader()
 
+    async def _acquire(self) -> int:
+        args = [self.replica, self.ttl_ms, KEY_TTL_MS, max(self.seen_token, self.token)]
+        token = int(await self.acquire(keys=[self.k_lease, self.k_fence], args=args))
+        if token:
+            self.token = self.seen_token = token
+        return token
+
     async def _hand_over_local(self) -> None:
-        """Tell the leader of the sessions this follower admitted on its own while Redis was away."""
+        """Tell the leader of the sessions this replica decided on its own (while Redis was away, while no
+        leader answered, or as the leader it no longer is); the leader adopts those it does not know."""
         for sid in list(self.local):
             entry = self.brain.sessions.get(sid)
             if entry is not None and entry.state == "active":

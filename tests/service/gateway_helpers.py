@@ -162,3 +162,48 @@ class Stub:
         threading.Thread(target=asyncio.run, args=(main(),), daemon=True).start()
         self._ready.wait(10)
         return self
+
+
+class RoundRobin:
+    """A TCP balancer: each new client connection goes to the next backend (as a Service spreads them)."""
+
+    def __init__(self, ports: list[int]) -> None:
+        self.ports = ports
+        self.port = 0
+        self.next = 0
+        self._ready = threading.Event()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(1 << 16):
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        port = self.ports[self.next % len(self.ports)]
+        self.next += 1
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            writer.close()
+            return
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+
+    def serve(self) -> RoundRobin:
+        async def main() -> None:
+            server = await asyncio.start_server(self._client, "127.0.0.1", 0)
+            self.port = server.sockets[0].getsockname()[1]
+            self._ready.set()
+            await server.serve_forever()
+
+        threading.Thread(target=asyncio.run, args=(main(),), daemon=True).start()
+        self._ready.wait(10)
+        return self
