@@ -103,6 +103,7 @@ class Brain:
         self.outcomes: Counter[tuple[str, str]] = Counter()  # (outcome, reason) -> sessions
         self.last_telemetry: Telemetry | None = None
         self.pins_ignored = 0
+        self.overruns = 0  # admissions that left Σ Ŵ of several residents above B (an audit, never expected)
 
     # ------------------------------------------------------------------ state
     def working_set(self) -> int:
@@ -152,6 +153,8 @@ class Brain:
             self.policy.on_session_end(now, sid, False)
             return Verdict(REJECT, "policy")
         self.sessions[sid] = entry
+        if decision is Admission.ADMIT:
+            self._audit()
         if decision is Admission.PARK:
             if self.parked_count >= self.max_parked:
                 self._drop(entry)
@@ -220,6 +223,8 @@ class Brain:
             entry = self.sessions.get(sid)
             if entry is not None and entry.state == "parked":
                 self._set_state(entry, "active")
+        if actions.admit:
+            self._audit()
         for sid in actions.shed:
             entry = self.sessions.get(sid)
             if entry is not None and entry.state == "parked":
@@ -236,6 +241,17 @@ class Brain:
             if entry is not None:
                 entry.paused = False
         return actions.next_control_s
+
+    def _audit(self) -> None:
+        """Count an admission that left BASIN's reservations above its budget with several residents.
+
+        Reads the policy's own ledger after its decision; it decides nothing (BASIN admits a session
+        only if it fits, or when no resident remains)."""
+        policy = self.policy
+        reserved, budget, residents = (getattr(policy, n, None) for n in ("reserved", "budget", "residents"))
+        numbers = isinstance(reserved, float) and isinstance(budget, float) and isinstance(residents, int)
+        if numbers and residents > 1 and reserved > budget * (1 + 1e-9):  # type: ignore[operator]
+            self.overruns += 1
 
     def sweep(self, now: float) -> list[str]:
         """End sessions that went quiet and shed those parked too long; returns the ids ended."""

@@ -124,16 +124,19 @@ class RedisCoordinator(Coordinator):
         self.k_lease, self.k_fence, self.k_epoch = ns + "lease", ns + "fence", ns + "epoch"
         self.k_sessions, self.k_controller, self.k_inbox = ns + "sessions", ns + "controller", ns + "inbox"
         self.k_reply = f"{ns}reply:{self.replica}"
-        self.redis = aioredis.Redis.from_url(
+        pool = aioredis.BlockingConnectionPool.from_url(
             settings.redis_url,
             password=settings.redis_password,
             socket_timeout=BLOCK_S + 1.5,  # above the blocking reads' own timeout
             socket_connect_timeout=1.0,
             max_connections=64,
+            timeout=BLOCK_S + 1.5,  # a call waits this long for a free connection, not fails at once
             # A pooled connection that went stale (Redis restarted) reconnects once before it counts.
             retry=Retry(NoBackoff(), 1),
             retry_on_error=[RedisConnectionError],
         )
+        self.pool = pool
+        self.redis = aioredis.Redis(connection_pool=pool)
         self.acquire = self.redis.register_script(ACQUIRE)
         self.renew = self.redis.register_script(RENEW)
         self.write = self.redis.register_script(WRITE)
@@ -151,6 +154,7 @@ class RedisCoordinator(Coordinator):
         self.leader_since = 0.0
         self.back_at = 0.0  # when Redis last came back (a surviving leader gets the first try at the lease)
         self.seen_token = 0
+        self.local_decisions = 0  # calls a follower decided itself (Redis down, or no leader answered)
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -184,6 +188,7 @@ class RedisCoordinator(Coordinator):
                     await self.redis.delete(self.k_lease)  # hand over at once on a clean stop
         with contextlib.suppress(RedisError, OSError):
             await self.redis.aclose()
+            await self.pool.disconnect()
 
     def describe(self) -> dict[str, Any]:
         return {"mode": self.mode, "policy": self.brain.policy.name, "leader": self.leader,
@@ -222,6 +227,7 @@ class RedisCoordinator(Coordinator):
             verdict = self.brain.call(self.clock.now(), sid, task, prompt_tokens)
             if not self.leader:
                 self.local.add(sid)
+                self.local_decisions += 1
             return verdict
         try:
             reply = await self._ask({"op": "call", "sid": sid, "task": task, "tokens": prompt_tokens})
@@ -233,6 +239,7 @@ class RedisCoordinator(Coordinator):
             log.warning("no leader answered within %.1f s; deciding %s locally", self._ask_timeout(), sid)
             verdict = self.brain.call(self.clock.now(), sid, task, prompt_tokens)
             self.local.add(sid)
+            self.local_decisions += 1
             return verdict
         return _verdict_from(reply)
 
@@ -520,4 +527,10 @@ class RedisCoordinator(Coordinator):
             ("leader", "1 when this replica makes admission decisions.", {}, float(self.leader)),
             ("redis_up", "1 while Redis answers; 0: deciding locally.", {}, float(self.redis_up)),
             ("fencing_token", "The fencing token of this replica's last lease.", {}, float(self.token)),
+            (
+                "local_decisions",
+                "Calls this replica decided without the leader (running total).",
+                {},
+                float(self.local_decisions),
+            ),
         ]

@@ -56,7 +56,7 @@ def _start(args: list[str], pattern: str, what: str, timeout: float = 60) -> Pro
         match = re.search(pattern, line)
         if match:
             threading.Thread(target=_drain, args=(process.stdout, log), daemon=True).start()
-            return Process(process, int(match.group(1)), log)
+            return Process(process, int(match.group(1) or 0), log)
         if not line and process.poll() is not None:
             break
     process.kill()
