@@ -158,6 +158,8 @@ async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable
         return error(exc.status, reason, exc.reason or exc.text or reason)
     except asyncio.CancelledError:
         raise
+    except ConnectionResetError:
+        return web.Response(status=499)  # the client left mid-request: nobody reads this
     except Exception:
         log.exception("internal error on %s %s", request.method, request.path)
         return error(500, "internal", "the gateway failed on this request; see its log")

@@ -252,6 +252,13 @@ class Brain:
         numbers = isinstance(reserved, float) and isinstance(budget, float) and isinstance(residents, int)
         if numbers and residents > 1 and reserved > budget * (1 + 1e-9):  # type: ignore[operator]
             self.overruns += 1
+            if self.overruns <= 5:
+                log.warning(
+                    "budget audit: %d residents reserve %.0f tokens over B = %.0f after an admission",
+                    residents,
+                    reserved,
+                    budget,
+                )
 
     def sweep(self, now: float) -> list[str]:
         """End sessions that went quiet and shed those parked too long; returns the ids ended."""

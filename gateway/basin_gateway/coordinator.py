@@ -172,6 +172,12 @@ class Coordinator:
                 {},
                 brain.pins_ignored,
             ),
+            (
+                "budget_overruns",
+                "Admissions that left Σ Ŵ of several residents above B (an audit; never expected).",
+                {},
+                brain.overruns,
+            ),
         ]
         for (outcome, reason), count in brain.outcomes.items():
             rows.append(
