@@ -11,15 +11,17 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import time
 from typing import Any
 
 import aiohttp
 
+from basin.errors import BasinError
 from basin.hitcurve import KNEE
 from basin.policy import Basin
 from basin_gateway.brain import Brain, EngineReading, Verdict
-from basin_gateway.build import LoadedProfile, build_policy
+from basin_gateway.build import LoadedProfile, build_policy, load_predictor, read_profile
 from basin_gateway.metrics import GatewayMetrics
 from basin_gateway.settings import Settings
 from basin_gateway.telemetry import PrometheusSource, ScrapeSource, Tracker
@@ -27,6 +29,18 @@ from basin_gateway.telemetry import PrometheusSource, ScrapeSource, Tracker
 log = logging.getLogger("basin.gateway")
 
 TELEMETRY_ONLY_S = 5.0  # model seconds between telemetry reads for a policy without a control step
+RELOAD_S = 2.0  # wall seconds between checks of the profile and predictor files
+
+
+def _stamp(path: str | None) -> tuple[float, int] | None:
+    """When and how big a file is (a ConfigMap update replaces the file: both change)."""
+    if not path:
+        return None
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_mtime, stat.st_size
 
 
 class Clock:
@@ -56,6 +70,8 @@ class Coordinator:
         self.reading = EngineReading()
         self.next_control_wall = time.monotonic()
         self.tasks: list[asyncio.Task[Any]] = []
+        self.refused: str = ""  # digest of a profile file refused (other deployment, or malformed)
+        self.predictor_stamp = _stamp(settings.predictor_path)
         metrics.add_state(self.state_rows)
 
     # ------------------------------------------------------------------ lifecycle
@@ -67,7 +83,11 @@ class Coordinator:
         )
         self.tracker = Tracker(source)
         log.info("policy: %s; telemetry: %s", self.policy_note, source.describe())
-        self.tasks = [asyncio.create_task(self._control_loop()), asyncio.create_task(self._sweep_loop())]
+        self.tasks = [
+            asyncio.create_task(self._control_loop()),
+            asyncio.create_task(self._sweep_loop()),
+            asyncio.create_task(self._reload_loop()),
+        ]
 
     async def stop(self) -> None:
         for task in self.tasks:
@@ -135,6 +155,73 @@ class Coordinator:
             await asyncio.sleep(period)
             self.brain.sweep(self.clock.now())
 
+    # ------------------------------------------------------------------ reload
+    async def _reload_loop(self) -> None:
+        while True:
+            await asyncio.sleep(RELOAD_S)
+            try:
+                self.reload()
+            except Exception:  # a reload must never stop the gateway; the next check retries
+                log.exception("reloading the profile or predictor failed")
+
+    def reload(self) -> None:
+        """Apply a changed profile or predictor file (a ConfigMap update) between two requests."""
+        path = self.settings.profile_path
+        if path:
+            try:
+                loaded = read_profile(path)
+            except BasinError as exc:
+                loaded = None
+                if self.refused != str(exc):
+                    self.refused = str(exc)
+                    log.warning("profile not reloaded: %s", exc)
+            expected = self.settings.fingerprint
+            current = self.profile.digest if self.profile else ""
+            if loaded is not None and loaded.digest not in (current, self.refused):
+                if expected and loaded.fingerprint != expected:
+                    self.refused = loaded.digest
+                    log.warning(
+                        "profile %s is for deployment %r, not %r: kept the one in force",
+                        path,
+                        loaded.fingerprint,
+                        expected,
+                    )
+                else:
+                    self.apply_profile(loaded)
+        stamp = _stamp(self.settings.predictor_path)
+        if stamp != self.predictor_stamp:
+            self.predictor_stamp = stamp
+            if hasattr(self.brain.policy, "predict"):
+                try:
+                    predict, note = load_predictor(self.settings.predictor_path)
+                except BasinError as exc:
+                    log.warning("predictor not reloaded: %s", exc)
+                    return
+                self.brain.policy.predict = predict  # type: ignore[attr-defined]
+                log.info("reloaded: %s", note)
+
+    def apply_profile(self, loaded: LoadedProfile) -> None:
+        policy = self.brain.policy
+        self.profile = loaded
+        if isinstance(policy, Basin):
+            policy.profile = loaded.profile  # B0 and the shedding threshold follow at the next step
+            log.info(
+                "profile reloaded from %s (κ=%.2f, λc=%.2f/min)",
+                loaded.source,
+                loaded.profile.kappa,
+                loaded.profile.lambda_c_per_min,
+            )
+            return
+        # The policy waited for a profile (HiCache meanwhile): the real one takes over the running sessions.
+        policy, self.policy_note = build_policy(self.settings, loaded)
+        brain = Brain(
+            policy, self.settings.max_parked, self.settings.max_park_wait_s, self.settings.idle_timeout_s
+        )
+        records = {sid: e.record() for sid, e in self.brain.sessions.items() if e.state == "active"}
+        brain.restore(self.clock.now(), {}, records)
+        self.brain = brain
+        log.info("profile %s arrived: policy %s", loaded.source, self.policy_note)
+
     # ------------------------------------------------------------------ metrics
     def state_rows(self) -> list[tuple[str, str, dict[str, str], float]]:
         brain, policy, reading = self.brain, self.brain.policy, self.reading
@@ -189,6 +276,14 @@ class Coordinator:
                 )
             )
         profile = self.profile
+        rows.append(
+            (
+                "profile_refused",
+                "1 while the profile file holds one this gateway refused.",
+                {},
+                float(bool(self.refused)),
+            )
+        )
         rows.append(
             (
                 "profile_info",

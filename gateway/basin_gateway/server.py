@@ -23,6 +23,14 @@ HEADER_FIELD_LIMIT = 1 << 20  # aiohttp's own parser limit, far above ours: ours
 def load_profile(settings: Settings) -> LoadedProfile | None:
     if settings.profile_path:
         profile = read_profile(settings.profile_path)
+        if profile is not None and settings.fingerprint and profile.fingerprint != settings.fingerprint:
+            log.warning(
+                "profile %s was measured on deployment %r, not this one (%r): not used",
+                settings.profile_path,
+                profile.fingerprint,
+                settings.fingerprint,
+            )
+            return None
         if profile is None:
             log.warning(
                 "profile %s is absent or empty: forwarding everything until it appears", settings.profile_path

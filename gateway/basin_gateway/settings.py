@@ -52,6 +52,7 @@ class Settings:
     policy_config: BasinConfig = field(default_factory=BasinConfig)
     profile_path: str | None = None
     preset: str | None = None  # local use: the profile the simulator assumes for this deployment preset
+    fingerprint: str | None = None  # the deployment's fingerprint: a profile measured on another is refused
     predictor_path: str | None = None
     prometheus_url: str | None = None
     engines: tuple[str, ...] = ()
@@ -126,6 +127,7 @@ def from_environment(env: Mapping[str, str] | None = None, **flags: object) -> S
         "BASIN_DECODE_SELECTOR": "decode_selector",
         "BASIN_NAMESPACE": "namespace",
         "BASIN_ADMIN_TOKEN": "admin_token",
+        "BASIN_PROFILE_FINGERPRINT": "fingerprint",
     }
     for name, attr in simple.items():
         if env.get(name):

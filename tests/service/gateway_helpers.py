@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import shutil
 import socket
@@ -45,8 +46,13 @@ def _drain(stream: object, log: list[str]) -> None:
     log.extend(iter(stream.readline, ""))  # type: ignore[attr-defined]
 
 
-def _start(args: list[str], pattern: str, what: str, timeout: float = 60) -> Process:
-    process = subprocess.Popen(args, stderr=subprocess.STDOUT, stdout=subprocess.PIPE, text=True)
+def _start(
+    args: list[str], pattern: str, what: str, timeout: float = 60, env: dict[str, str] | None = None
+) -> Process:
+    full_env = {**os.environ, **env} if env else None
+    process = subprocess.Popen(
+        args, stderr=subprocess.STDOUT, stdout=subprocess.PIPE, text=True, env=full_env
+    )
     assert process.stdout is not None
     log: list[str] = []
     deadline = time.monotonic() + timeout
@@ -68,10 +74,10 @@ def start_emulator(*args: str) -> Process:
     return _start([BASIN, "emulate", "--port", "0", *args], r"at http://127\.0\.0\.1:(\d+)", "the emulator")
 
 
-def start_gateway(upstream: str, *args: str) -> Process:
+def start_gateway(upstream: str, *args: str, env: dict[str, str] | None = None) -> Process:
     """`basin gateway run --port 0 …`, waiting for the line that names its port."""
     command = [BASIN, "gateway", "run", "--host", "127.0.0.1", "--port", "0", "--upstream", upstream, *args]
-    return _start(command, r"serving at http://127\.0\.0\.1:(\d+)", "the gateway")
+    return _start(command, r"serving at http://127\.0\.0\.1:(\d+)", "the gateway", env=env)
 
 
 def free_port() -> int:
