@@ -150,7 +150,8 @@ class Client:
         async def loop() -> None:
             nonlocal total
             while time.perf_counter() < stop:
-                total += await self.session(http, None, stop)
+                done = await self.session(http, None, stop)  # not `total += await …`: that reads total
+                total += done  # before the await, and concurrent loops would overwrite each other
 
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=connections)) as http:
             begin = time.perf_counter()
