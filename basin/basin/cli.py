@@ -1215,6 +1215,47 @@ def gateway_run(**flags: object) -> None:
     asyncio.run(serve(settings, ready))
 
 
+@cli.command("up")
+@click.option(
+    "--deployment", default="h200-1p3d", show_default=True, metavar="PRESET", help="Emulated deployment."
+)
+@click.option(
+    "--time-scale", type=float, default=20.0, show_default=True, help="Model seconds per wall second."
+)
+@click.option(
+    "--policy", default="basin", show_default=True, help="The gateway's policy (passthrough to compare)."
+)
+@click.option(
+    "--no-redis", is_flag=True, help="Keep the gateway's state in memory even if redis-server exists."
+)
+@click.option("--duration-min", type=float, default=30.0, show_default=True, help="Model minutes to replay.")
+def up(deployment: str, time_scale: float, policy: str, no_redis: bool, duration_min: float) -> None:
+    """The local stack: the emulator, the gateway (Redis when installed) and a short x5 surge through it."""
+    try:
+        from basin_gateway.local import Stack, run_stack
+    except ImportError as error:
+        raise BasinError(
+            f"the local stack needs: pip install 'basin[gateway,emulator,profiler]' ({error})"
+        ) from None
+    if duration_min < 16:
+        raise BasinError("--duration-min must be at least 16 (the surge runs from minute 3 to 15)")
+    replay = (
+        "--base-rate",
+        "8",
+        "--surge-factor",
+        "5",
+        "--surge-start-min",
+        "3",
+        "--surge-minutes",
+        "12",
+        "--duration-min",
+        f"{duration_min:g}",
+    )
+    code = run_stack(Stack(deployment, time_scale, policy, not no_redis, replay), _console())
+    if code:
+        sys.exit(code)
+
+
 @cli.group("operator")
 def operator_group() -> None:
     """The Kubernetes operator for BasinDeployment resources (needs the `operator` extra)."""
