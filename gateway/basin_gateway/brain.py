@@ -26,8 +26,7 @@ log = logging.getLogger("basin.gateway")
 FORWARD, PARK, SHED, REJECT = "forward", "park", "shed", "reject"
 # Policy attributes that are sums over its sessions (BASIN's reservation ledger): rebuilt by adoption.
 SESSION_DERIVED = frozenset({"reserved", "residents", "resident_context"})
-TASK_KEPT = 8192
-NON_FINITE = ("nan", "inf", "-inf")  # characters of task text kept in the shared session table
+NON_FINITE = ("nan", "inf", "-inf")
 
 
 @dataclass
@@ -44,8 +43,8 @@ class Entry:
     paused: bool = False  # told to hold at its next turn boundary (ThunderAgent, CONCUR)
     parked_answers: int = 0  # 429s given to it
     reason: str = ""
-    task: str = ""  # what the predictor saw (kept so a new leader predicts the same peak)
     first_tokens: int = 0
+    peak: float | None = None  # the predictor's Ŵ (kept so a new leader's policy sees the same one)
 
     def record(self) -> dict[str, Any]:
         """The session as the shared table keeps it."""
@@ -56,7 +55,7 @@ class Entry:
             "calls": self.calls,
             "paused": self.paused,
             "reason": self.reason,
-            "task": self.task[:TASK_KEPT],
+            "peak": self.peak,
             "first_tokens": self.first_tokens,
         }
 
@@ -103,7 +102,26 @@ class Brain:
         self.outcomes: Counter[tuple[str, str]] = Counter()  # (outcome, reason) -> sessions
         self.last_telemetry: Telemetry | None = None
         self.pins_ignored = 0
-        self.overruns = 0  # admissions that left Σ Ŵ of several residents above B (an audit, never expected)
+        self.overruns = 0
+        # The policy's predictor, wrapped so each session's Ŵ is kept with it: a new leader hands the
+        # same Ŵ back to its policy (and the shared table carries a number, not the task text).
+        self.peaks: dict[str, float] = {}  # predicted at this arrival, taken by its entry
+        self.known: dict[str, float] = {}  # to hand back when a session is adopted or restored
+        self.predict_inner = getattr(policy, "predict", None)
+        if callable(self.predict_inner):
+            policy.predict = self._predict  # type: ignore[attr-defined]  # admissions that left Σ Ŵ of several residents above B (an audit, never expected)
+
+    def _predict(self, info: SessionInfo) -> float:
+        peak = self.known.pop(info.session_id, None)
+        if peak is None:
+            assert self.predict_inner is not None
+            peak = float(self.predict_inner(info))
+        self.peaks[info.session_id] = peak
+        return peak
+
+    def set_predictor(self, predict: Any) -> None:
+        """A new predictor (reload); sessions already predicted keep their Ŵ."""
+        self.predict_inner = predict
 
     # ------------------------------------------------------------------ state
     def working_set(self) -> int:
@@ -145,9 +163,8 @@ class Brain:
         self.arrived += 1
         info = SessionInfo(sid, now, task, prompt_tokens)
         decision = self.policy.on_session_arrival(now, info)
-        entry = Entry(
-            sid, "active", now, now, context=prompt_tokens, task=task[:TASK_KEPT], first_tokens=prompt_tokens
-        )
+        entry = Entry(sid, "active", now, now, context=prompt_tokens, first_tokens=prompt_tokens)
+        entry.peak = self.peaks.pop(sid, None)
         if decision is Admission.REJECT:
             self.outcomes["rejected", "policy"] += 1
             self.policy.on_session_end(now, sid, False)
@@ -285,8 +302,11 @@ class Brain:
             return
         arrived = float(record.get("arrived", now))
         first = int(record.get("first_tokens") or 0)
-        info = SessionInfo(sid, arrived, str(record.get("task", "")), first, warm=True)
+        info = SessionInfo(sid, arrived, "", first, warm=True)
+        if record.get("peak") is not None:
+            self.known[sid] = float(record["peak"])
         self.policy.on_session_arrival(arrived, info)
+        self.known.pop(sid, None)
         self.arrived += 1
         calls = int(record.get("calls") or 0)
         context = int(record.get("context") or first)
@@ -297,10 +317,10 @@ class Brain:
             now,
             context=context,
             calls=calls,
-            task=info.task,
             first_tokens=first,
             paused=bool(record.get("paused")),
         )
+        entry.peak = self.peaks.pop(sid, None)
         self.sessions[sid] = entry
         if calls:
             self.policy.on_call_end(now, CallInfo(sid, calls - 1, first), context)
@@ -318,9 +338,13 @@ class Brain:
             arrived = float(record.get("arrived", now))
             if state == "parked":
                 first = int(record.get("first_tokens") or 0)
-                info = SessionInfo(sid, arrived, str(record.get("task", "")), first)
+                info = SessionInfo(sid, arrived, "", first)
+                if record.get("peak") is not None:
+                    self.known[sid] = float(record["peak"])
                 decision = self.policy.on_session_arrival(arrived, info)
-                entry = Entry(sid, "active", arrived, now, context=first, task=info.task, first_tokens=first)
+                self.known.pop(sid, None)
+                entry = Entry(sid, "active", arrived, now, context=first, first_tokens=first)
+                entry.peak = self.peaks.pop(sid, None)
                 self.sessions[sid] = entry
                 if decision is Admission.PARK:
                     self._set_state(entry, "parked")

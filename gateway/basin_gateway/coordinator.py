@@ -197,7 +197,7 @@ class Coordinator:
                 except BasinError as exc:
                     log.warning("predictor not reloaded: %s", exc)
                     return
-                self.brain.policy.predict = predict  # type: ignore[attr-defined]
+                self.brain.set_predictor(predict)
                 log.info("reloaded: %s", note)
 
     def apply_profile(self, loaded: LoadedProfile) -> None:

@@ -123,8 +123,12 @@ def test_a_controller_snapshot_restores_into_a_fresh_brain() -> None:
     records = {sid: e.record() for sid, e in brain.sessions.items()}
     state = brain.controller_state()
     assert state["budget"] == 20_000.0 and state["admit"] is True and "reserved" not in state
+    assert all(record["peak"] == PEAK for record in records.values())  # Ŵ travels, not the task text
     fresh = basin_brain()
+    fresh.set_predictor(lambda info: 1.0)  # another predictor: the restored sessions keep their Ŵ
     fresh.restore(40.0, state, records)
+    before = {sid: s.predicted_peak for sid, s in brain.policy.sessions.items()}  # type: ignore[attr-defined]
+    assert {sid: s.predicted_peak for sid, s in fresh.policy.sessions.items()} == before  # type: ignore[attr-defined]
     assert fresh.policy.budget == 20_000.0 and fresh.policy.admit  # type: ignore[attr-defined]
     assert fresh.policy.reserved == brain.policy.reserved  # type: ignore[attr-defined]
     assert fresh.parked_count == brain.parked_count

@@ -33,7 +33,7 @@ class Mirror(Policy):
         self.control_interval_s = inner.control_interval_s  # type: ignore[misc]
         self.started: set[str] = set()
         self.peaks: dict[str, float] = {}
-        twin.predict = lambda info: self.peaks[info.session_id]  # type: ignore[attr-defined]
+        self.brain.set_predictor(lambda info: self.peaks[info.session_id])
         self.tally: Counter[str] = Counter()
 
     def on_session_arrival(self, now: float, session: SessionInfo) -> Admission:
