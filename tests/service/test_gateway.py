@@ -300,3 +300,62 @@ def test_policies_needing_engine_features_are_refused_at_start() -> None:
         timeout=60,
     )
     assert result.returncode == 2 and "cannot run live" in result.stderr and "TTL" in result.stderr
+
+
+def test_own_api_keys_and_a_separate_metrics_port(emulator: Process, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    keys = tmp_path / "keys"
+    keys.write_text("key-one\nkey-two\n")
+    metrics_port = free_port()
+    gateway = start_gateway(
+        emulator.url,
+        "--policy",
+        "passthrough",
+        "--metrics-port",
+        str(metrics_port),
+        env={"BASIN_API_KEYS_FILE": str(keys)},
+    )
+    try:
+        body = {"text": "x", "sampling_params": {"max_new_tokens": 1}}
+        assert_error(requests.post(f"{gateway.url}/generate", json=body, timeout=30), 401, "unauthorized")
+        wrong = {"Authorization": "Bearer nope"}
+        assert_error(
+            requests.post(f"{gateway.url}/generate", json=body, headers=wrong, timeout=30),
+            401,
+            "unauthorized",
+        )
+        ok = requests.post(
+            f"{gateway.url}/generate", json=body, headers={"Authorization": "Bearer key-two"}, timeout=30
+        )
+        assert ok.status_code == 200  # and the header went on to SGLang, which may check its own --api-key
+        assert requests.get(f"http://127.0.0.1:{metrics_port}/health", timeout=10).status_code == 200
+        assert metric(f"http://127.0.0.1:{metrics_port}", "basin_gateway_sessions_active") == 0
+    finally:
+        gateway.stop()
+
+
+def test_what_reaches_the_engine() -> None:
+    """The client's Authorization and body go on; the gateway adds rid, its marks and the session."""
+    seen: list[tuple[dict[str, str], dict]] = []
+
+    async def record(request: web.Request) -> web.StreamResponse:
+        seen.append((dict(request.headers), await request.json()))
+        return web.json_response({"text": "ok", "meta_info": {"prompt_tokens": 3, "completion_tokens": 1}})
+
+    stub = Stub(record).serve()
+    gateway = start_gateway(stub.url, "--policy", "passthrough")
+    try:
+        body = {"text": "fix it", "sampling_params": {"max_new_tokens": 1, "custom_params": {"mine": 1}}}
+        answer = requests.post(
+            f"{gateway.url}/generate",
+            json=body,
+            timeout=30,
+            headers={"Authorization": "Bearer engine-key", "X-Session-ID": "s9"},
+        )
+        assert answer.status_code == 200 and answer.json()["text"] == "ok"
+    finally:
+        gateway.stop()
+    headers, forwarded = seen[0]
+    assert headers["Authorization"] == "Bearer engine-key" and headers["X-Session-ID"] == "s9"
+    assert forwarded["text"] == "fix it" and forwarded["rid"].startswith("basin-")
+    assert forwarded["sampling_params"]["custom_params"] == {"mine": 1, "basin_session": "s9"}
+    assert "priority" not in forwarded  # HiCache alone: arrival order
