@@ -24,7 +24,7 @@ from basin_gateway.brain import Brain, EngineReading, Verdict
 from basin_gateway.build import LoadedProfile, build_policy, load_predictor, read_profile
 from basin_gateway.metrics import GatewayMetrics
 from basin_gateway.settings import Settings
-from basin_gateway.telemetry import PrometheusSource, ScrapeSource, Tracker
+from basin_gateway.telemetry import PodEngines, PrometheusSource, ScrapeSource, Tracker
 
 log = logging.getLogger("basin.gateway")
 
@@ -76,8 +76,15 @@ class Coordinator:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, http: aiohttp.ClientSession) -> None:
-        engines = self.settings.engines or (self.settings.upstream,)
-        scrape = ScrapeSource(http, engines)
+        settings = self.settings
+        selectors = tuple(s for s in (settings.prefill_selector, settings.decode_selector) if s)
+        if settings.engines or not selectors:
+            scrape = ScrapeSource(http, settings.engines or (settings.upstream,))
+        else:
+            pods = PodEngines(
+                settings.namespace or "default", selectors, settings.engine_port, settings.kubeconfig
+            )
+            scrape = ScrapeSource(http, (), pods=pods)
         source = (
             PrometheusSource(self.settings.prometheus_url, scrape) if self.settings.prometheus_url else scrape
         )

@@ -60,6 +60,7 @@ class Settings:
     decode_selector: str | None = None
     engine_port: int = 30000
     namespace: str | None = None
+    kubeconfig: str | None = None  # engine pods found through this kubeconfig (default: in-cluster)
     time_scale: float = 1.0
     admin_token: str | None = None
     api_keys: frozenset[str] = frozenset()
@@ -126,6 +127,7 @@ def from_environment(env: Mapping[str, str] | None = None, **flags: object) -> S
         "BASIN_PREFILL_SELECTOR": "prefill_selector",
         "BASIN_DECODE_SELECTOR": "decode_selector",
         "BASIN_NAMESPACE": "namespace",
+        "BASIN_KUBECONFIG": "kubeconfig",
         "BASIN_ADMIN_TOKEN": "admin_token",
         "BASIN_PROFILE_FINGERPRINT": "fingerprint",
     }

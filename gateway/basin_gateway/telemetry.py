@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from dataclasses import dataclass
 
 import aiohttp
@@ -79,16 +80,77 @@ def totals_from_metrics(text: str, loads: dict | None) -> dict[str, float]:
     return sums
 
 
+class PodEngines:
+    """Engine URLs from the operator's pod label selectors, read through the Kubernetes API: the Ready
+    pods' IPs at the engine port. In a pod it uses the service account; elsewhere a kubeconfig."""
+
+    def __init__(self, namespace: str, selectors: tuple[str, ...], port: int, kubeconfig: str | None) -> None:
+        from kubernetes import client, config
+
+        if kubeconfig:
+            api = config.new_client_from_config(config_file=kubeconfig)
+        else:
+            config.load_incluster_config()
+            api = client.ApiClient()
+        self.core = client.CoreV1Api(api)
+        self.namespace = namespace
+        self.selectors = selectors
+        self.port = port
+
+    def describe(self) -> str:
+        return f"pods {' + '.join(self.selectors)} in {self.namespace}"
+
+    def _list(self) -> tuple[str, ...]:
+        urls = set()
+        for selector in self.selectors:
+            pods = self.core.list_namespaced_pod(self.namespace, label_selector=selector, _request_timeout=5)
+            for pod in pods.items:
+                status = pod.status
+                if status is None or status.phase != "Running" or not status.pod_ip:
+                    continue
+                if any(c.type == "Ready" and c.status == "True" for c in status.conditions or []):
+                    urls.add(f"http://{status.pod_ip}:{self.port}")
+        return tuple(sorted(urls))
+
+    async def urls(self) -> tuple[str, ...]:
+        try:
+            return await asyncio.to_thread(self._list)
+        except Exception as exc:  # the client raises ApiException, urllib3's and OS errors
+            raise TelemetryError(f"listing engine pods ({self.describe()}) failed: {exc}") from None
+
+
 class ScrapeSource:
     """Scrapes each engine URL's `/metrics` and `/v1/loads` (a static list, or found in Kubernetes)."""
 
-    def __init__(self, http: aiohttp.ClientSession, engines: tuple[str, ...], timeout_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        http: aiohttp.ClientSession,
+        engines: tuple[str, ...],
+        timeout_s: float = 2.0,
+        pods: PodEngines | None = None,
+        refresh_s: float = 30.0,
+    ) -> None:
         self.http = http
         self.engines = engines
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.pods = pods
+        self.refresh_s = refresh_s
+        self.listed = -math.inf
 
     def describe(self) -> str:
+        if self.pods is not None:
+            return f"scraping {self.pods.describe()}"
         return f"scraping {', '.join(self.engines)}"
+
+    async def discover(self) -> None:
+        """Re-list the engine pods when the list is older than `refresh_s` (or empty)."""
+        if self.pods is None or (self.engines and time.monotonic() - self.listed < self.refresh_s):
+            return
+        engines = await self.pods.urls()
+        self.listed = time.monotonic()
+        if engines != self.engines:
+            log.info("engines for telemetry: %s", ", ".join(engines) or "none")
+        self.engines = engines
 
     async def _one(self, url: str) -> dict[str, float]:
         base = url.rstrip("/")
@@ -106,6 +168,9 @@ class ScrapeSource:
         return totals_from_metrics(text, loads if isinstance(loads, dict) else None)
 
     async def totals(self) -> Totals:
+        await self.discover()
+        if not self.engines:
+            raise TelemetryError(f"no engine to read ({self.describe()})")
         results = await asyncio.gather(*(self._one(u) for u in self.engines))
         sums = dict.fromkeys(Totals.__dataclass_fields__, 0.0)
         for result in results:
@@ -157,6 +222,10 @@ class PrometheusSource:
         sums = await asyncio.to_thread(self._query)
         backlog = 0.0
         if self.loads is not None:
+            try:
+                await self.loads.discover()
+            except TelemetryError as exc:
+                log.warning("%s", exc)
             for url in self.loads.engines:
                 try:
                     async with self.loads.http.get(
