@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 import os
 import socket
 import time
@@ -49,6 +50,7 @@ KEY_TTL_MS = 24 * 3600 * 1000  # anything a deployment writes outlives it by a d
 REPLY_TTL_MS = 60_000
 FLUSH_S = 0.05  # wall seconds between session-table flushes of the leader
 BLOCK_S = 1  # seconds a blocking read (BLPOP) waits before it looks around
+NEXT_CONTROL = "gateway_next_control"  # in the controller snapshot, beside the policy's own state
 
 # KEYS: lease, fence. ARGV: replica, ttl ms, key ttl ms, the highest token this replica has seen.
 # A new lease and its fencing token, or 0. Tokens only grow, even across a Redis that lost its data.
@@ -273,6 +275,24 @@ class RedisCoordinator(Coordinator):
             return await super().delete(sid)
         return bool(reply.get("found"))
 
+    def retry_after_s(self) -> float:
+        """A follower aims retries just after the leader's next control step, as the leader does."""
+        if self.leader or not self.redis_up or self.cache is None:
+            return super().retry_after_s()
+        upcoming = self.cache[0].get(NEXT_CONTROL)
+        step = self._fast_interval() / self.clock.scale
+        if not isinstance(upcoming, int | float) or step <= 0:
+            return super().retry_after_s()
+        now = time.time()
+        if upcoming < now:  # the snapshot is older than a step: extrapolate at the busy cadence
+            upcoming += math.ceil((now - upcoming) / step) * step
+        return min(upcoming - now + 0.02, 60.0)
+
+    def _fast_interval(self) -> float:
+        config = getattr(self.brain.policy, "config", None)
+        fast = getattr(config, "fast_interval_s", None)
+        return float(fast) if fast else float(self.brain.policy.control_interval_s or 0.0)
+
     # ------------------------------------------------------------------ follower → leader
     def _ask_timeout(self) -> float:
         return 2 * self.settings.lease_ttl_s + 0.5
@@ -386,7 +406,10 @@ class RedisCoordinator(Coordinator):
             if self.written.get(sid) != record:
                 changed[sid] = record
         gone = [sid for sid in self.written if sid not in sessions]
-        controller = orjson.dumps(self.brain.controller_state())
+        state = self.brain.controller_state()
+        # When the leader's next control step comes (epoch seconds): followers aim their Retry-After at it.
+        state[NEXT_CONTROL] = time.time() + (self.next_control_wall - time.monotonic())
+        controller = orjson.dumps(state)
         if not changed and not gone and controller == self.written_controller:
             return
         args: list[Any] = [self.holder, KEY_TTL_MS, controller, len(changed)]
@@ -415,7 +438,7 @@ class RedisCoordinator(Coordinator):
     def control(self, reading: Any) -> float | None:
         if self.leader or not self.redis_up:
             return super().control(reading)
-        return self.brain.policy.control_interval_s  # a follower's brain waits; the leader's decides
+        return self._fast_interval() or None  # a follower's brain waits; the leader's decides
 
     async def _sweep_loop(self) -> None:
         period = min(1.0, max(0.05, 5.0 / self.clock.scale))
