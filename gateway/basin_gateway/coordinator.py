@@ -143,11 +143,15 @@ class Coordinator:
             self.next_control_wall = time.monotonic() + step / self.clock.scale
             await asyncio.sleep(step / self.clock.scale)
             try:
-                reading = await self.read_telemetry()
+                reading = await self.read_telemetry() if self.deciding() else self.reading
                 interval = self.control(reading)
             except Exception:  # a failing step must not stop the loop; the next one retries
                 log.exception("control step failed")
                 interval = self.brain.policy.control_interval_s
+
+    def deciding(self) -> bool:
+        """Whether this replica's brain decides (so needs the engines' telemetry)."""
+        return True
 
     def control(self, reading: EngineReading) -> float | None:
         policy_interval = self.brain.policy.control_interval_s

@@ -435,6 +435,9 @@ class RedisCoordinator(Coordinator):
             except (RedisError, OSError) as exc:
                 self._down(exc)
 
+    def deciding(self) -> bool:
+        return self.leader or not self.redis_up  # a follower reads no telemetry while the leader decides
+
     def control(self, reading: Any) -> float | None:
         if self.leader or not self.redis_up:
             return super().control(reading)

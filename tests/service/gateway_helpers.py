@@ -118,6 +118,16 @@ def start_redis(tmp: Path, port: int | None = None) -> Process:
     return process
 
 
+def metrics(url: str) -> dict[str, float]:
+    """Every unlabelled sample of a gateway's /metrics, in one scrape."""
+    values = {}
+    for line in requests.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if not line.startswith("#") and "{" not in line:
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    return values
+
+
 def metric(url: str, name: str, labels: str = "") -> float:
     """One sample of a gateway's /metrics (NaN when absent)."""
     text = requests.get(f"{url}/metrics", timeout=10).text

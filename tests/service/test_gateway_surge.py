@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from gateway_helpers import BASIN, Process, RoundRobin, metric, start_emulator, start_gateway, start_redis
+from gateway_helpers import BASIN, Process, RoundRobin, metrics, start_emulator, start_gateway, start_redis
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
 
@@ -45,13 +45,15 @@ class Watch:
 
     def _run(self) -> None:
         names = ("leader", "budget_tokens", "reserved_tokens", "budget_overruns", "local_decisions")
-        while not self.stop.wait(0.5):
+        while not self.stop.wait(1.0):
             for index, gateway in enumerate(self.gateways):
                 try:
-                    sample = {n: metric(gateway.url, f"basin_gateway_{n}") for n in names}
+                    values = metrics(gateway.url)  # one scrape per replica and second: light on the gateways
                 except requests.RequestException:
                     continue
-                self.samples.append({"replica": index, **sample})
+                self.samples.append(
+                    {"replica": index, **{n: values.get(f"basin_gateway_{n}", math.nan) for n in names}}
+                )
 
     def __enter__(self) -> Watch:
         self.thread.start()
