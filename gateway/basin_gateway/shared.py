@@ -38,7 +38,7 @@ from redis.exceptions import RedisError
 from redis.retry import Retry
 
 from basin.policy import CallDirectives
-from basin_gateway.brain import Brain, Verdict
+from basin_gateway.brain import PARK, Brain, Verdict
 from basin_gateway.build import LoadedProfile, build_policy
 from basin_gateway.coordinator import Coordinator
 from basin_gateway.metrics import GatewayMetrics
@@ -156,7 +156,8 @@ class RedisCoordinator(Coordinator):
         self.leader_since = 0.0
         self.back_at = 0.0  # when Redis last came back (a surviving leader gets the first try at the lease)
         self.seen_token = 0
-        self.local_decisions = 0  # calls a follower decided itself (Redis down, or no leader answered)
+        self.local_decisions = 0  # calls a follower decided itself (Redis down)
+        self.no_leader = 0  # calls answered 429 because no leader answered in time
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -237,12 +238,17 @@ class RedisCoordinator(Coordinator):
             self._down(exc)
             return await self.call(sid, task, prompt_tokens)
         except TimeoutError:
-            # No leader answered (an election under way): decide here rather than hold the client.
-            log.warning("no leader answered within %.1f s; deciding %s locally", self._ask_timeout(), sid)
-            verdict = self.brain.call(self.clock.now(), sid, task, prompt_tokens)
-            self.local.add(sid)
-            self.local_decisions += 1
-            return verdict
+            # No leader answered (an election under way, or a leader too slow): Redis works, so only a
+            # leader may admit; the call waits like a parked one and is retried (the leader drops the
+            # expired request, so it was not admitted behind the client's back).
+            self.no_leader += 1
+            if self.no_leader == 1 or self.no_leader % 100 == 0:
+                log.warning(
+                    "no leader answered within %.1f s (%d times): answering 429",
+                    self._ask_timeout(),
+                    self.no_leader,
+                )
+            return Verdict(PARK, "no-leader")
         return _verdict_from(reply)
 
     def call_done(self, sid: str, index: int, prompt_tokens: int, context_tokens: int) -> None:
@@ -553,6 +559,12 @@ class RedisCoordinator(Coordinator):
             ("leader", "1 when this replica makes admission decisions.", {}, float(self.leader)),
             ("redis_up", "1 while Redis answers; 0: deciding locally.", {}, float(self.redis_up)),
             ("fencing_token", "The fencing token of this replica's last lease.", {}, float(self.token)),
+            (
+                "no_leader_answers",
+                "429s given because no leader answered in time.",
+                {},
+                float(self.no_leader),
+            ),
             (
                 "local_decisions",
                 "Calls this replica decided without the leader (running total).",
