@@ -197,12 +197,14 @@ def _authorized(request: web.Request, settings: Settings) -> bool:
         return True
     auth = request.headers.get("Authorization", "")
     key = auth.removeprefix("Bearer ").strip()
-    return any(hmac.compare_digest(key, k) for k in settings.api_keys)
+    return any(hmac.compare_digest(key.encode(), k.encode()) for k in settings.api_keys)
 
 
 def _is_admin(request: web.Request, settings: Settings) -> bool:
     token = request.headers.get(ADMIN_HEADER, "")
-    return bool(settings.admin_token) and hmac.compare_digest(token, settings.admin_token or "")
+    return bool(settings.admin_token) and hmac.compare_digest(
+        token.encode(), (settings.admin_token or "").encode()
+    )
 
 
 async def proxy(request: web.Request) -> web.StreamResponse:
@@ -267,7 +269,8 @@ def _refusal(gateway: Gateway, route: str, verdict: Verdict) -> web.Response:
     if verdict.action == PARK:
         metrics.parked_answers.inc()
         metrics.requests.labels(route, "429").inc()
-        retry = format_retry_after(gateway.coordinator.retry_after_s())
+        coordinator = gateway.coordinator
+        retry = format_retry_after(coordinator.retry_after_s() + coordinator.backoff_s(verdict.attempts))
         return error(
             429,
             verdict.reason,

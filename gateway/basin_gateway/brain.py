@@ -69,6 +69,7 @@ class Verdict:
     directives: CallDirectives | None = None
     index: int = 0  # the call's index within its session
     waited: float | None = None  # model seconds from arrival to this, the session's first forwarded call
+    attempts: int = 0  # 429s this session has had (the gateway spaces out retries of long-parked ones)
 
 
 @dataclass
@@ -153,10 +154,10 @@ class Brain:
             return Verdict(SHED, entry.reason or "shed")
         if entry.state == "parked":
             entry.parked_answers += 1
-            return Verdict(PARK, "parked")
+            return Verdict(PARK, "parked", attempts=entry.parked_answers)
         if entry.paused:
             entry.parked_answers += 1
-            return Verdict(PARK, "paused")
+            return Verdict(PARK, "paused", attempts=entry.parked_answers)
         return self._start(now, entry, prompt_tokens)
 
     def _arrive(self, now: float, sid: str, task: str, prompt_tokens: int) -> Verdict:

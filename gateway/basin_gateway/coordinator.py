@@ -126,6 +126,16 @@ class Coordinator:
         remaining = self.next_control_wall - time.monotonic()
         return min(max(remaining, 0.0) + 0.02, 60.0)
 
+    def _fast_interval(self) -> float:
+        config = getattr(self.brain.policy, "config", None)
+        fast = getattr(config, "fast_interval_s", None)
+        return float(fast) if fast else float(self.brain.policy.control_interval_s or 0.0)
+
+    def backoff_s(self, attempts: int) -> float:
+        """Extra wall seconds for a session parked many times: one more control step per four 429s, up to
+        three. Retries of long-parked sessions were most of a surge's requests, at every step."""
+        return min(attempts // 4, 3) * self._fast_interval() / self.clock.scale
+
     # ------------------------------------------------------------------ loops
     async def read_telemetry(self) -> EngineReading:
         assert self.tracker is not None

@@ -103,6 +103,7 @@ def _verdict_json(verdict: Verdict) -> dict[str, Any]:
         "priority": d.priority if d else None,
         "lend": bool(d and d.lend),
         "directives": d is not None,
+        "attempts": verdict.attempts,
     }
 
 
@@ -293,11 +294,6 @@ class RedisCoordinator(Coordinator):
         if upcoming < now:  # the snapshot is older than a step: extrapolate at the busy cadence
             upcoming += math.ceil((now - upcoming) / step) * step
         return min(upcoming - now + 0.02, 60.0)
-
-    def _fast_interval(self) -> float:
-        config = getattr(self.brain.policy, "config", None)
-        fast = getattr(config, "fast_interval_s", None)
-        return float(fast) if fast else float(self.brain.policy.control_interval_s or 0.0)
 
     # ------------------------------------------------------------------ follower → leader
     def _ask_timeout(self) -> float:
