@@ -46,25 +46,31 @@ B0 = 0.9 * 0.02 * 1.9 * 1_000_000  # m·κ·x_k·C
 def stack(tmp_path: Path) -> Iterator[tuple[Process, Process, list[Process]]]:
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps(PROFILE))
-    emulator = start_emulator("--deployment", "h200-1p1d", "--time-scale", SCALE)
-    server = start_redis(tmp_path)
-    common = [
-        "--profile",
-        str(profile),
-        "--time-scale",
-        SCALE,
-        "--redis",
-        server.url,
-        "--lease-ttl",
-        str(TTL),
-    ]
-    first = start_gateway(emulator.url, *common)
-    wait_for(lambda: metric(first.url, "basin_gateway_leader") == 1, "the first replica's lease")
-    second = start_gateway(emulator.url, *common)
-    gateways = [first, second]
-    yield emulator, server, gateways
-    for process in (*gateways, server, emulator):
-        process.stop()
+    started: list[Process] = []  # stopped whatever fails, even while starting
+    try:
+        emulator = start_emulator("--deployment", "h200-1p1d", "--time-scale", SCALE)
+        started.append(emulator)
+        server = start_redis(tmp_path)
+        started.append(server)
+        common = [
+            "--profile",
+            str(profile),
+            "--time-scale",
+            SCALE,
+            "--redis",
+            server.url,
+            "--lease-ttl",
+            str(TTL),
+        ]
+        first = start_gateway(emulator.url, *common)
+        started.append(first)
+        wait_for(lambda: metric(first.url, "basin_gateway_leader") == 1, "the first replica's lease")
+        second = start_gateway(emulator.url, *common)
+        started.append(second)
+        yield emulator, server, [first, second]
+    finally:
+        for process in reversed(started):
+            process.stop()
 
 
 def replay(target: str, out: Path) -> subprocess.Popen[str]:

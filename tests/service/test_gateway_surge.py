@@ -66,49 +66,50 @@ class Watch:
 
 def run(policy: str, tmp: Path) -> tuple[dict, list[dict[str, float]], list[str]]:
     """One replay through two replicas sharing a fresh Redis, in front of a fresh emulator."""
-    emulator = start_emulator("--deployment", "h200-1p3d", "--time-scale", SCALE)
-    redis = start_redis(tmp)
-    common = [
-        "--deployment",
-        "h200-1p3d",
-        "--time-scale",
-        SCALE,
-        "--policy",
-        policy,
-        "--redis",
-        redis.url,
-        "--deployment-name",
-        f"surge-{policy}",
-    ]
-    gateways = [start_gateway(emulator.url, *common) for _ in range(2)]
-    balancer = RoundRobin([g.port for g in gateways]).serve()
-    out = tmp / f"{policy}.json"
+    started: list[Process] = []  # stopped whatever fails, even while starting
     try:
+        emulator = start_emulator("--deployment", "h200-1p3d", "--time-scale", SCALE)
+        started.append(emulator)
+        redis = start_redis(tmp)
+        started.append(redis)
+        common = [
+            "--deployment",
+            "h200-1p3d",
+            "--time-scale",
+            SCALE,
+            "--policy",
+            policy,
+            "--redis",
+            redis.url,
+            "--deployment-name",
+            f"surge-{policy}",
+        ]
+        gateways = []
+        for _ in range(2):
+            gateways.append(start_gateway(emulator.url, *common))
+            started.append(gateways[-1])
+        balancer = RoundRobin([g.port for g in gateways]).serve()
+        out = tmp / f"{policy}.json"
+        command = [
+            BASIN,
+            "replay",
+            "--target",
+            balancer.url,
+            "--api",
+            "sglang",
+            "--time-scale",
+            SCALE,
+            "--quiet",
+            "--json",
+            str(out),
+            *SCENARIO,
+        ]
         with Watch(gateways) as watch:
-            replay = subprocess.run(
-                [
-                    BASIN,
-                    "replay",
-                    "--target",
-                    balancer.url,
-                    "--api",
-                    "sglang",
-                    "--time-scale",
-                    SCALE,
-                    "--quiet",
-                    "--json",
-                    str(out),
-                    *SCENARIO,
-                ],
-                capture_output=True,
-                text=True,
-                timeout=600,
-                check=False,
-            )
+            replay = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
         assert replay.returncode == 0, replay.stdout + replay.stderr
         return json.loads(out.read_text()), watch.samples, [g.text() for g in gateways]
     finally:
-        for process in (*gateways, redis, emulator):
+        for process in reversed(started):
             process.stop()
 
 
