@@ -146,7 +146,8 @@ def test_basin_keeps_reuse_and_beats_hicache_alone(runs: dict[str, tuple]) -> No
     assert basin["parked_answers"] > 0 and passthrough["parked_answers"] == 0
     # The target is a late hit rate >= 0.8. Measured here: 0.823, 0.817, 0.804 on a machine at
     # load average 4-7, but 0.69-0.79 at 8-17 (the emulator lags, see docs/gateway.md), against HiCache
-    # alone's 0.39-0.57. Asserted: what held in all runs on a machine below load 12.
+    # alone's 0.39-0.59. The goodput ratio met the 1.5x in six of eight runs (docs/gateway.md:
+    # this comparison is noisy on a shared 2-core machine).
     assert basin["hit_rate_late"] >= 0.75
     assert basin["hit_rate_late"] >= passthrough["hit_rate_late"] + 0.2
     assert basin["goodput_sessions_per_h"] >= 1.5 * passthrough["goodput_sessions_per_h"]
