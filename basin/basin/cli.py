@@ -1284,6 +1284,189 @@ def _print_summary(payload: dict, title: str | None = None, extra: list[tuple[st
     _console().print(table)
 
 
+@cli.group("gateway")
+def gateway_group() -> None:
+    """The session gateway in front of an SGLang router (needs the `gateway` extra)."""
+
+
+@gateway_group.command("run")
+@click.option(
+    "--upstream",
+    default=None,
+    metavar="URL",
+    help="The SGLang router (or engine, or emulator). Env: BASIN_ROUTER_URL. Default: http://127.0.0.1:30000.",
+)
+@click.option("--host", default=None, help="Address to listen on. Env: BASIN_GATEWAY_HOST. Default: 0.0.0.0.")
+@click.option(
+    "--port", type=int, default=None, help="Port (0: any free one). Env: BASIN_GATEWAY_PORT. Default: 8080."
+)
+@click.option(
+    "--metrics-port", type=int, default=None, help="Also serve on this port (for /metrics and health)."
+)
+@click.option(
+    "--redis",
+    "redis_url",
+    default=None,
+    metavar="URL",
+    help="Shared state for several replicas. Env: BASIN_REDIS_URL. Default: in memory, one replica.",
+)
+@click.option(
+    "--deployment-name",
+    "deployment",
+    default=None,
+    help="Namespace of the Redis keys. Env: BASIN_DEPLOYMENT. Default: local.",
+)
+@click.option(
+    "--profile",
+    "profile_path",
+    default=None,
+    metavar="FILE",
+    help="The profiler's profile.json. Env: BASIN_PROFILE_PATH.",
+)
+@click.option(
+    "--deployment",
+    "preset",
+    default=None,
+    metavar="PRESET",
+    help="Without --profile: use the profile `basin simulate` assumes for this preset (local runs).",
+)
+@click.option(
+    "--predictor",
+    "predictor_path",
+    default=None,
+    metavar="FILE",
+    help="A trained peak predictor. Env: BASIN_PREDICTOR_PATH. Default: the packaged one.",
+)
+@click.option(
+    "--policy",
+    default=None,
+    metavar="NAME",
+    help="basin, basin-arrival, passthrough (HiCache alone), thunderagent or concur. Env: BASIN_POLICY."
+    " Default: basin.",
+)
+@click.option(
+    "--prometheus",
+    "prometheus_url",
+    default=None,
+    metavar="URL",
+    help="Read engine telemetry through Prometheus. Env: BASIN_PROMETHEUS_URL.",
+)
+@click.option(
+    "--engines",
+    default=None,
+    metavar="URL,URL...",
+    help="Engine endpoints to scrape for telemetry. Env: BASIN_ENGINES. Default: the upstream.",
+)
+@click.option(
+    "--time-scale",
+    type=float,
+    default=None,
+    help="Model seconds per wall second (match the emulator's). Env: BASIN_TIME_SCALE. Default: 1.",
+)
+@click.option(
+    "--admin-token", default=None, help="Token for session deletion and bypass. Env: BASIN_ADMIN_TOKEN."
+)
+@click.option(
+    "--idle-timeout",
+    "idle_timeout_s",
+    type=float,
+    default=None,
+    help="Model seconds without a call before a session ends. Default: 900.",
+)
+@click.option(
+    "--max-park-wait",
+    "max_park_wait_s",
+    type=float,
+    default=None,
+    help="Model seconds a session may stay parked before the gateway sheds it. Default: 3600.",
+)
+@click.option("--max-parked", type=int, default=None, help="Parked sessions at most. Default: 10000.")
+@click.option("--max-body-bytes", type=int, default=None, help="Largest request body. Default: 32 MiB.")
+@click.option(
+    "--max-header-bytes", type=int, default=None, help="Largest request header block. Default: 32 KiB."
+)
+@click.option(
+    "--body-timeout",
+    "body_timeout_s",
+    type=float,
+    default=None,
+    help="Wall seconds to receive a request body. Default: 30.",
+)
+@click.option(
+    "--lease-ttl",
+    "lease_ttl_s",
+    type=float,
+    default=None,
+    help="Wall seconds of the Redis leader lease. Default: 5.",
+)
+def gateway_run(**flags: object) -> None:
+    """Serve the session gateway: admission, ordering, lending and shedding by the chosen policy."""
+    import asyncio
+    import logging
+
+    try:
+        from basin_gateway.server import serve
+        from basin_gateway.settings import from_environment
+    except ImportError as error:
+        raise BasinError(f"the gateway needs: pip install 'basin[gateway]' ({error})") from None
+    settings = from_environment(**flags)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log = logging.getLogger("basin.gateway")
+
+    def ready(bound: int) -> None:
+        log.info(
+            "gateway (%s) serving at http://%s:%d in front of %s, time x%g",
+            settings.policy,
+            settings.host,
+            bound,
+            settings.upstream,
+            settings.time_scale,
+        )
+
+    asyncio.run(serve(settings, ready))
+
+
+@cli.command("up")
+@click.option(
+    "--deployment", default="h200-1p3d", show_default=True, metavar="PRESET", help="Emulated deployment."
+)
+@click.option(
+    "--time-scale", type=float, default=20.0, show_default=True, help="Model seconds per wall second."
+)
+@click.option(
+    "--policy", default="basin", show_default=True, help="The gateway's policy (passthrough to compare)."
+)
+@click.option(
+    "--no-redis", is_flag=True, help="Keep the gateway's state in memory even if redis-server exists."
+)
+@click.option("--duration-min", type=float, default=30.0, show_default=True, help="Model minutes to replay.")
+def up(deployment: str, time_scale: float, policy: str, no_redis: bool, duration_min: float) -> None:
+    """The local stack: the emulator, the gateway (Redis when installed) and a short x5 surge through it."""
+    try:
+        from basin_gateway.local import Stack, run_stack
+    except ImportError as error:
+        raise BasinError(
+            f"the local stack needs: pip install 'basin[gateway,emulator,profiler]' ({error})"
+        ) from None
+    if duration_min < 16:
+        raise BasinError("--duration-min must be at least 16 (the surge runs from minute 3 to 15)")
+    replay = (
+        "--base-rate",
+        "8",
+        "--surge-factor",
+        "5",
+        "--surge-start-min",
+        "3",
+        "--surge-minutes",
+        "12",
+        "--duration-min",
+        f"{duration_min:g}",
+    )
+    code = run_stack(Stack(deployment, time_scale, policy, not no_redis, replay), _console())
+    if code:
+        sys.exit(code)
+
+
 @cli.group("operator")
 def operator_group() -> None:
     """The Kubernetes operator for BasinDeployment resources (needs the `operator` extra)."""

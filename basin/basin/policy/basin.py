@@ -212,7 +212,8 @@ class Basin(Policy):
         self.arrivals.append(now)
         if self.context_mean is None:
             self.context_mean = float(session.first_prompt_tokens)
-        if not self.admit and not len(self.parked) and math.isinf(self.budget):
+        # A warm session is already running (the interface's contract): resident whatever the budget says.
+        if session.warm or (not self.admit and not len(self.parked) and math.isinf(self.budget)):
             self._make_resident(session.session_id)
             return Admission.ADMIT
         self.parked.push(session.session_id, state.key)
