@@ -156,7 +156,7 @@ def build_service_account(name: str, namespace: str, component: str) -> Manifest
 
 def build_role(name: str, namespace: str, component: str) -> Manifest:
     """Least privilege per component: the router watches pods, the gateway reads pods and the profile
-    ConfigMap, the profiler writes only the profile ConfigMap."""
+    ConfigMap, the profiler writes only the profile ConfigMap (and Events saying why a run failed)."""
     profile = c.child_name(name, "profile")
     rules = {
         "router": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
@@ -177,7 +177,9 @@ def build_role(name: str, namespace: str, component: str) -> Manifest:
                 "resources": ["configmaps"],
                 "resourceNames": [profile],
                 "verbs": ["get", "update", "patch"],
-            }
+            },
+            # a failed run also says why in an Event on the BasinDeployment (create cannot be limited by name)
+            {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
         ],
     }[component]
     return {
