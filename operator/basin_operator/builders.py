@@ -430,6 +430,8 @@ def build_profile_job(
         "BASIN_PREFILL_REPLICAS": str(prefill),
         "BASIN_DECODE_REPLICAS": str(decode),
         "BASIN_GPU_KIND": spec.gpu_kind,
+        # the ramp's rates come from the fluid model of this shape, which the host tier changes
+        "BASIN_HOST_RATIO": str(spec.prefill.hicache.host_ratio),
     }
     env: list[Manifest] = [{"name": k, "value": v} for k, v in values.items()]
     env.append({"name": "BASIN_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}})

@@ -176,6 +176,7 @@ class Replay:
         self._started = 0.0
         self._stop = asyncio.Event()
         self._loop_lag = LoopLagProbe()
+        self._tasks: list[asyncio.Task[None]] = []
 
     # ------------------------------------------------------------------ clock
     def now(self) -> float:
@@ -198,14 +199,18 @@ class Replay:
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
             self._http = http
             self._started = time.monotonic()
-            tasks = [asyncio.create_task(self._session(a)) for a in self.arrivals]
-            helpers = [asyncio.create_task(self._sample()), asyncio.create_task(self._loop_lag.run())]
+            self._tasks = [asyncio.create_task(self._session(a)) for a in self.arrivals]
+            helpers = [
+                asyncio.create_task(self._sample()),
+                asyncio.create_task(self._loop_lag.run()),
+                asyncio.create_task(self.feed()),
+            ]
             end = self.records.duration_s
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), end / config.time_scale)
-            for task in [*tasks, *helpers]:
+            for task in [*self._tasks, *helpers]:
                 task.cancel()
-            await asyncio.gather(*tasks, *helpers, return_exceptions=True)
+            await asyncio.gather(*self._tasks, *helpers, return_exceptions=True)
         wall = time.perf_counter() - wall_start
         client = ClientLoad(
             loop_lag_mean_s=self._loop_lag.mean(),
@@ -224,6 +229,14 @@ class Replay:
             model_seconds,
             client,
         )
+
+    async def feed(self) -> None:
+        """Arrivals decided while the run goes (a ramp whose steps end when the load settles); the
+        scheduled arrivals were started already, so by default there are none."""
+
+    def add_arrival(self, arrival: Arrival) -> None:
+        """Start one more session during the run (`arrival.time_s` in model seconds from the start)."""
+        self._tasks.append(asyncio.create_task(self._session(arrival)))
 
     def stop(self, reason: str) -> None:
         """End the run now (Ctrl-C, the error budget); the summary covers what ran."""
