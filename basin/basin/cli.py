@@ -1136,8 +1136,9 @@ def _profile_live(
     )  # fmt: skip
     shape = Shape(preset, gpu, prefill, decode, host_tier)
     return execute(
-        target, shape, pool, settings_for, time_scale, outputs, quiet, lambda line: click.echo(line, err=True)
-    )
+        target, shape, pool, settings_for, time_scale, outputs, quiet,
+        lambda line: click.echo(line, err=True), fingerprint,
+    )  # fmt: skip
 
 
 @cli.group()

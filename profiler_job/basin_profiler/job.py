@@ -103,7 +103,9 @@ def main(env: Mapping[str, str] | None = None) -> int:
             fingerprint=fingerprint,
             deployment_name=env.get("BASIN_DEPLOYMENT", "").strip(),
         )
-        return execute(target, shape, pool, settings_for, time_scale, Outputs(destination=dest), True, echo)
+        return execute(
+            target, shape, pool, settings_for, time_scale, Outputs(destination=dest), True, echo, fingerprint
+        )
     except BasinError as error:
         echo(f"error: {error}")
         if dest is not None:

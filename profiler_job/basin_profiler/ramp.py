@@ -1,11 +1,13 @@
 """Live profiling ramps: stepped agent load against a deployment, then the shared κ and λc fit.
 
-The ramp mirrors `basin.profile.profile_simulated`: rates from 0.2·top to top times the fluid model's
-peak departure rate (top = 2: 0.4x to 2x, so the ramp crosses the cliff where there is one), one seed per
-ramp (seed, seed+1, ...), each ramp fitted by `basin.profile.fit_kappa`, then `combine` (κ: lower quartile
-over ramps; λc: median over ramps of the peak departure rate). The load is `basin_profiler.replay`'s
-client, so a ramp sees what the replay sees: working set (every active session's context, tool-idle
-ones too), prefix hits from the server's `cached_tokens`, and departures (sessions completed).
+The ramp mirrors `basin.profile.profile_simulated`: the simulator's warm start (the steady population at
+the first rate, joined mid-trajectory with its last prompt cached; same seed, same draws), rates from
+0.2·top to top times the fluid model's peak departure rate (top = 2: 0.4x to 2x, so the ramp crosses the
+cliff where there is one), one seed per ramp (seed, seed+1, ...), each ramp fitted by
+`basin.profile.fit_kappa`, then `combine` (κ: lower quartile over ramps; λc: median over ramps of the peak
+departure rate). The load is `basin_profiler.replay`'s client, so a ramp sees what the replay sees: working
+set (every active session's context, tool-idle ones too), prefix hits from the server's `cached_tokens`,
+and departures (sessions completed).
 
 Two kinds of step:
 - fixed (`step_minutes`): each step lasts that many model minutes and is sampled over its second half,
@@ -13,9 +15,10 @@ Two kinds of step:
   compare. Whether each step settled is recorded (a warning, not a failure).
 - settle-detected (`step_minutes=None`): a step lasts at least one mean unloaded session lifetime, then
   ends as soon as the mean active population over the last half lifetime is within `settle_tolerance`
-  of the half lifetime before it (sampled over that last half lifetime). A step that has not settled
-  after `SETTLE_TIMEOUT_LIFETIMES` lifetimes fails the profile unless its hit rate has already fallen
-  past the cliff (an overloaded step grows without bound: that is the regime being measured).
+  of the half lifetime before it (sampled over that last half lifetime). A step whose hit rate has
+  fallen past the cliff ends without settling (an overloaded population grows without bound: that is
+  the regime being measured), and the ramp ends after two such steps. A step still on the plateau that
+  has not settled after `SETTLE_TIMEOUT_LIFETIMES` lifetimes fails the profile.
 
 Failures raise `ProfileFailure` with one line of reason; no profile is built from them.
 """
@@ -39,6 +42,7 @@ from basin.hitcurve import HIT_FLOOR
 from basin.profile import PLATEAU_DROP, RampSample, combine, fit_kappa
 from basin.profile_schema import ProfileDocument, RampStep, versions
 from basin.sim.deployments import Deployment
+from basin.sim.simulator import estimate_warm_sessions
 from basin.workload import Session, poisson_arrivals
 from basin.workload.arrivals import StepSchedule
 from basin_profiler.replay import Replay, ReplayConfig
@@ -48,6 +52,7 @@ SETTLE_TOLERANCE = 0.10  # relative change of the mean active population between
 SETTLE_MIN_LIFETIMES = 1.0  # a new rate's population builds up over about one session lifetime
 SETTLE_WINDOW_LIFETIMES = 0.5
 SETTLE_TIMEOUT_LIFETIMES = 4.0
+PAST_CLIFF_STEPS = 2  # settle mode: a ramp ends after this many steps past the cliff
 MAX_ERROR_SHARE = 0.05  # more failed requests than this share of all fails the ramp
 DEFAULT_BUDGET_MINUTES = 240.0  # a production maintenance window, wall minutes
 
@@ -223,7 +228,10 @@ class _Ramp(Replay):
         minimum, timeout = self.plan.min_step_min * 60, self.plan.timeout_step_min * 60
         t = 0.0
         plateau = math.nan
+        past = 0  # steps past the cliff so far
         for index, rate in enumerate(self.rates):
+            if past >= PAST_CLIFF_STEPS:
+                break  # the cliff and the floor are measured; more load only hurts production
             self.step = index
             start, chunk = t, 0
             while True:
@@ -244,10 +252,11 @@ class _Ramp(Replay):
                 ok, before, after = settled(self.records, t, window, self.settings.settle_tolerance)
                 x, hit, departures, active = window_sample(self.records, t - window, t)
                 overloaded = index > 0 and past_cliff(hit, plateau)
-                if ok or (t - start >= timeout - 1e-9 and overloaded):
+                if ok or overloaded:
                     self.steps.append(_step(x, hit, departures, active, rate, (t - start) / 60, ok))
                     if index == 0:
                         plateau = hit
+                    past += overloaded
                     break
                 if t - start >= timeout - 1e-9:
                     self.failure = (
@@ -322,6 +331,7 @@ class LiveRun:
             seed = s.seed + ramp
             duration = s.step_minutes if fixed else p.timeout_step_min
             schedule = StepSchedule(tuple(p.rates) if fixed else (0.0,) * len(p.rates), duration)  # type: ignore[arg-type]
+            pool = s.pool_factory(seed)
             config = ReplayConfig(
                 target=s.target,
                 schedule=schedule,
@@ -332,6 +342,8 @@ class LiveRun:
                 max_errors=s.max_errors,
                 model=s.model,
                 cache_tokens=cache_tokens,
+                # the simulator's warm start: the steady population at the first rate, caches primed
+                warm_sessions=estimate_warm_sessions(s.deployment, pool, p.rates[0]),
             )
 
             def progress(step: int, model_s: float, ramp: int = ramp) -> None:
@@ -343,7 +355,7 @@ class LiveRun:
                     counts = self._current.counts
                     self.on_progress(RampProgress(ramp, step, model_s, counts.answered, counts.errors))
 
-            self._current = _Ramp(config, s.pool_factory(seed), p.rates, p, s, progress)
+            self._current = _Ramp(config, pool, p.rates, p, s, progress)
             if self._interrupted:
                 raise ProfileFailure(self._interrupted)
             result = await self._current.run()

@@ -58,10 +58,10 @@ def execute(
     outputs: Outputs,
     quiet: bool = False,
     echo: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
+    fingerprint: str = "",
 ) -> int:
     """Run the whole profile; returns the exit status. `settings_for(deployment=..., time_scale=...)`
-    builds the ramp settings once the deployment's shape is known."""
-    fingerprint = ""
+    builds the ramp settings once the deployment's shape is known; `fingerprint` goes with a failure."""
     try:
         info = asyncio.run(preflight(target))
         deployment = deployment_from(
@@ -69,7 +69,6 @@ def execute(
         )
         scale = time_scale if time_scale is not None else float(info.get("time_scale") or 1.0)
         settings = settings_for(deployment=deployment, time_scale=scale)
-        fingerprint = settings.fingerprint
         the_plan = plan(settings)
     except ProfileFailure as failure:
         return _fail(str(failure), fingerprint, outputs, echo)
