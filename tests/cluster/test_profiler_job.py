@@ -28,6 +28,7 @@ from test_operator import (
     make_all_ready,
     resource,
     running_job,
+    set_pods_ready,
     wait_condition,
 )
 
@@ -106,10 +107,13 @@ def job_environment(cluster: Cluster, namespace: str, job: str) -> dict[str, str
 
 
 def run_entrypoint(env: dict[str, str], timeout: float = 400) -> subprocess.CompletedProcess[str]:
-    """The Job's command, `python -m basin_profiler`, with only the Job's environment (plus PATH/HOME)."""
+    """The Job's command, `python -m basin_profiler`, with only the Job's environment (plus PATH/HOME), run
+    outside the checkout as in the image (`-m` puts the working folder first on sys.path, and the
+    checkout's `basin/` folder would shadow the package)."""
     base = {k: os.environ[k] for k in ("PATH", "HOME") if k in os.environ}
     return subprocess.run(
         [sys.executable, "-m", "basin_profiler"],
+        cwd=Path(env["KUBECONFIG"]).parent,
         env={**base, **env},
         capture_output=True,
         text=True,
@@ -188,6 +192,7 @@ def test_the_job_profiles_the_emulator_and_the_operator_takes_it(
     cluster.custom.patch_namespaced_custom_object(
         "basin.dev", "v1alpha1", namespace, "basindeployments", "x", {"spec": {"decode": {"replicas": 2}}}
     )
+    set_pods_ready(cluster, namespace, "x", "decode", 2)  # else the serving 1P1D would be profiled again
     second = running_job(cluster, namespace, "x", exclude=(first["job"],))
     down = f"http://127.0.0.1:{free_port()}"
     env = {**job_environment(cluster, namespace, second["job"]), "KUBECONFIG": str(kubeconfig)}
