@@ -1052,10 +1052,11 @@ def profile_command(
         explicit = {n for n in ("deployment", "host_tier", "step_minutes") if source(n).name != "DEFAULT"}
         if settle and "step_minutes" in explicit:
             raise BasinError("--settle and --step-minutes exclude each other")
+        fixed = None if settle else (step_minutes or 12.0)  # a None default (issue 15) means 12 live
         sys.exit(
             _profile_live(
                 target, deployment if "deployment" in explicit else None, host_tier, workload, ramps,
-                steps, None if settle else step_minutes, seed, settle_tolerance, top_rate, budget_minutes,
+                steps, fixed, seed, settle_tolerance, top_rate, budget_minutes,
                 time_scale, api, model, gpu, prefill_replicas, decode_replicas, fingerprint, out, configmap,
                 kubeconfig, plot_out, quiet,
             )

@@ -36,6 +36,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+import basin.profile
 from basin.errors import BasinError
 from basin.evaluate import RunRecords
 from basin.hitcurve import HIT_FLOOR
@@ -47,7 +48,9 @@ from basin.workload import Session, poisson_arrivals
 from basin.workload.arrivals import StepSchedule
 from basin_profiler.replay import Replay, ReplayConfig
 
-SAMPLED_SHARE = 0.5  # a fixed step is sampled over its second half, as basin.profile.simulate_ramp
+# A fixed step is sampled over the same final share as `basin.profile.simulate_ramp` samples it: its second
+# half, or the share basin.profile names where it names one (the baselines branch samples the final third).
+SAMPLED_SHARE = float(getattr(basin.profile, "SAMPLED_SHARE", 0.5))
 SETTLE_TOLERANCE = 0.10  # relative change of the mean active population between two half lifetimes
 SETTLE_MIN_LIFETIMES = 1.0  # a new rate's population builds up over about one session lifetime
 SETTLE_WINDOW_LIFETIMES = 0.5
