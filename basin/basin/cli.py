@@ -1108,11 +1108,12 @@ def evaluate_command(suite: str, seed: int, json_out: str | None, plot_out: str 
 
 
 @cli.command("profile")
+@click.option("--simulate", is_flag=True, help="Ramp load in the simulator.")
 @click.option(
-    "--simulate",
-    is_flag=True,
-    required=True,
-    help="Ramp load in the simulator (live ramps run in the profiling Job).",
+    "--target",
+    default=None,
+    metavar="URL",
+    help="Ramp live load against this endpoint (gateway with controls off, router, or emulator).",
 )
 @click.option(
     "--deployment", default="h200-1p3d", show_default=True, metavar="PRESET", help="Deployment preset."
@@ -1130,8 +1131,65 @@ def evaluate_command(suite: str, seed: int, json_out: str | None, plot_out: str 
 @click.option("--step-minutes", type=float, default=12.0, show_default=True, help="Minutes per step.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the first ramp.")
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as one JSON object.")
+@click.option("--settle", is_flag=True, help="Live: end each step when the active population settles.")
+@click.option(
+    "--settle-tolerance",
+    type=float,
+    default=0.10,
+    show_default=True,
+    help="Live --settle: largest relative change of the active population between two half lifetimes.",
+)
+@click.option(
+    "--top-rate",
+    type=float,
+    default=2.0,
+    show_default=True,
+    help="Live: the last step's rate as a multiple of the fluid model's peak departure rate.",
+)
+@click.option(
+    "--budget-minutes",
+    type=float,
+    default=240.0,
+    show_default=True,
+    help="Live: wall-clock bound; ramps are dropped to fit it, and a run past it fails.",
+)
+@click.option(
+    "--time-scale",
+    type=float,
+    default=None,
+    help="Live: model seconds per wall second. Default: the server's own (an emulator reports it), else 1.",
+)
+@click.option(
+    "--api",
+    type=click.Choice(["openai", "sglang"]),
+    default="openai",
+    show_default=True,
+    help="Live: openai (/v1/chat/completions) or sglang (/generate with input_ids).",
+)
+@click.option("--model", default="default", show_default=True, help="Live: model name in OpenAI requests.")
+@click.option("--gpu", type=click.Choice(["h100", "h200"]), default=None, help="Live: GPU kind measured.")
+@click.option("--prefill-replicas", type=int, default=None, help="Live: prefill replicas measured.")
+@click.option("--decode-replicas", type=int, default=None, help="Live: decode replicas measured.")
+@click.option("--fingerprint", default="", help="Live: the operator's deployment fingerprint to write back.")
+@click.option(
+    "--out", "out", type=click.Path(dir_okay=False), default=None, help="Live: write profile.json here."
+)
+@click.option(
+    "--configmap",
+    default=None,
+    metavar="NS/NAME",
+    help="Live: write the profile (or the failure reason) into this ConfigMap.",
+)
+@click.option("--kubeconfig", default=None, metavar="FILE", help="Live: kubeconfig for --configmap.")
+@click.option(
+    "--plot", "plot_out", type=click.Path(dir_okay=False), default=None, help="Live: write the figure (PNG)."
+)
+@click.option("--quiet", is_flag=True, help="Live: no progress bar.")
+@click.pass_context
 def profile_command(
+    ctx: click.Context,
     simulate: bool,
+    target: str | None,
     deployment: str,
     host_tier: float | None,
     workload: str,
@@ -1140,8 +1198,41 @@ def profile_command(
     step_minutes: float,
     seed: int,
     as_json: bool,
+    settle: bool,
+    settle_tolerance: float,
+    top_rate: float,
+    budget_minutes: float,
+    time_scale: float | None,
+    api: str,
+    model: str,
+    gpu: str | None,
+    prefill_replicas: int | None,
+    decode_replicas: int | None,
+    fingerprint: str,
+    out: str | None,
+    configmap: str | None,
+    kubeconfig: str | None,
+    plot_out: str | None,
+    quiet: bool,
 ) -> None:
-    """Fit the cliff scale κ and the peak departure rate λc with stepped load ramps."""
+    """Fit the cliff scale κ and the peak departure rate λc with stepped load ramps, in the simulator
+    (--simulate) or live against an endpoint (--target; exits 1 with the reason when profiling fails)."""
+    if simulate == (target is not None):
+        raise BasinError("give either --simulate or --target URL")
+    if target is not None:
+        source = ctx.get_parameter_source
+        explicit = {n for n in ("deployment", "host_tier", "step_minutes") if source(n).name != "DEFAULT"}
+        if settle and "step_minutes" in explicit:
+            raise BasinError("--settle and --step-minutes exclude each other")
+        fixed = None if settle else (step_minutes or 12.0)  # a None default (issue 15) means 12 live
+        sys.exit(
+            _profile_live(
+                target, deployment if "deployment" in explicit else None, host_tier, workload, ramps,
+                steps, fixed, seed, settle_tolerance, top_rate, budget_minutes,
+                time_scale, api, model, gpu, prefill_replicas, decode_replicas, fingerprint, out, configmap,
+                kubeconfig, plot_out, quiet,
+            )
+        )  # fmt: skip
     from rich.progress import Progress
 
     from basin.profile import profile_simulated
@@ -1172,6 +1263,55 @@ def profile_command(
     for index, ramp in enumerate(result.ramps, start=1):
         steps_text = "  ".join(f"{s.working_set_over_cache:.2f}:{s.hit_rate:.2f}" for s in ramp)
         click.echo(f"  ramp {index} (W/C:hit)  {steps_text}")
+
+
+def _profile_live(
+    target: str, preset: str | None, host_tier: float | None, workload: str, ramps: int, steps: int,
+    step_minutes: float | None, seed: int, settle_tolerance: float, top_rate: float, budget_minutes: float,
+    time_scale: float | None, api: str, model: str, gpu: str | None, prefill: int | None, decode: int | None,
+    fingerprint: str, out: str | None, configmap: str | None, kubeconfig: str | None, plot_out: str | None,
+    quiet: bool,
+) -> int:  # fmt: skip
+    """`basin profile --target`: checks every input before any load, then `basin_profiler.run.execute`."""
+    from functools import partial
+    from urllib.parse import urlparse
+
+    from basin.workload import load_workload
+
+    try:
+        from basin_profiler import configmap as cm
+        from basin_profiler.ramp import RampSettings
+        from basin_profiler.run import Outputs, Shape, execute
+    except ImportError as error:
+        raise BasinError(f"live profiling needs: pip install 'basin[profiler]' ({error})") from None
+    parsed = urlparse(target)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise BasinError(f"--target must be an http(s) URL, got {target!r}")
+    if time_scale is not None and time_scale <= 0:
+        raise BasinError(f"--time-scale must be positive, got {time_scale}")
+    for count, name in ((prefill, "--prefill-replicas"), (decode, "--decode-replicas")):
+        if count is not None and count < 1:
+            raise BasinError(f"{name} must be at least 1, got {count}")
+    outputs = Outputs(
+        out=_writable(out) if out else None,
+        plot=_writable(plot_out) if plot_out else None,
+        destination=cm.Destination.parse(configmap, kubeconfig=kubeconfig) if configmap else None,
+    )
+    load_workload(workload, seed=seed)  # a bad workload is an error before any load
+
+    def pool(s: int):  # type: ignore[no-untyped-def]
+        return load_workload(workload, seed=s)
+
+    settings_for = partial(
+        RampSettings, target=target, pool_factory=pool, workload=workload, ramps=ramps, steps=steps,
+        step_minutes=step_minutes, top_rate=top_rate, settle_tolerance=settle_tolerance,
+        budget_minutes=budget_minutes, seed=seed, api=api, model=model, fingerprint=fingerprint,
+    )  # fmt: skip
+    shape = Shape(preset, gpu, prefill, decode, host_tier)
+    return execute(
+        target, shape, pool, settings_for, time_scale, outputs, quiet,
+        lambda line: click.echo(line, err=True), fingerprint,
+    )  # fmt: skip
 
 
 @cli.group()

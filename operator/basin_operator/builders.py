@@ -165,7 +165,7 @@ def build_service_account(name: str, namespace: str, component: str) -> Manifest
 
 def build_role(name: str, namespace: str, component: str) -> Manifest:
     """Least privilege per component: the router watches pods, the gateway reads pods and the profile
-    ConfigMap, the profiler writes only the profile ConfigMap."""
+    ConfigMap, the profiler writes only the profile ConfigMap (and Events saying why a run failed)."""
     profile = c.child_name(name, "profile")
     rules = {
         "router": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
@@ -186,7 +186,9 @@ def build_role(name: str, namespace: str, component: str) -> Manifest:
                 "resources": ["configmaps"],
                 "resourceNames": [profile],
                 "verbs": ["get", "update", "patch"],
-            }
+            },
+            # a failed run also says why in an Event on the BasinDeployment (create cannot be limited by name)
+            {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
         ],
     }[component]
     return {
@@ -518,6 +520,8 @@ def build_profile_job(
         "BASIN_PREFILL_REPLICAS": str(prefill),
         "BASIN_DECODE_REPLICAS": str(decode),
         "BASIN_GPU_KIND": spec.gpu_kind,
+        # the ramp's rates come from the fluid model of this shape, which the host tier changes
+        "BASIN_HOST_RATIO": str(spec.prefill.hicache.host_ratio),
     }
     env: list[Manifest] = [{"name": k, "value": v} for k, v in values.items()]
     env.append({"name": "BASIN_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}})

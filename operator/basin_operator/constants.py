@@ -42,6 +42,8 @@ REDIS_PORT = 6379
 
 # The profile ConfigMap: the profiling Job writes PROFILE_KEY, the gateway mounts it at PROFILE_MOUNT.
 PROFILE_KEY = "profile.json"
+# The profiler's last outcome (JSON: state, reason, fingerprint, at); a failed run's reason is read from here.
+PROFILE_STATUS_KEY = "status"
 PROFILE_MOUNT = "/etc/basin/profile"
 PREDICTOR_MOUNT = "/etc/basin/predictor"
 

@@ -21,6 +21,8 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic.exceptions import DynamicApiError
 from pydantic import ValidationError
 
+from basin.errors import BasinError
+from basin.profile_schema import ProfileDocument, parse_profile
 from basin_operator import builders, kube
 from basin_operator import constants as c
 from basin_operator.spec import (
@@ -71,25 +73,33 @@ def _readiness(kind: str, name: str, namespace: str, desired: int) -> Readiness:
     return Readiness(int((child.get("status") or {}).get("readyReplicas") or 0), desired)
 
 
-def _collect_profile(name: str, namespace: str, fingerprint: str) -> tuple[dict | None, str]:
-    """The profile the Job wrote into the ConfigMap, if it is for this fingerprint."""
+def _collect_profile(name: str, namespace: str, fingerprint: str) -> tuple[ProfileDocument | None, str]:
+    """The profile the Job wrote into the ConfigMap, validated with the shared schema, if it is for this
+    fingerprint; else why not."""
     configmap = kube.get("v1", "ConfigMap", c.child_name(name, "profile"), namespace)
     text = ((configmap or {}).get("data") or {}).get(c.PROFILE_KEY)
     if not text:
         return None, f"the Job succeeded but ConfigMap {c.child_name(name, 'profile')} has no {c.PROFILE_KEY}"
     try:
-        profile = json.loads(text)
-        kappa, lambda_c = float(profile["kappa"]), float(profile["lambda_c_per_min"])
-    except (ValueError, KeyError, TypeError) as error:
-        return None, f"{c.PROFILE_KEY} is not a profile ({error!r})"
-    if profile.get("fingerprint") != fingerprint:
-        return (
-            None,
-            f"{c.PROFILE_KEY} is for fingerprint {profile.get('fingerprint')!r}, expected {fingerprint!r}",
-        )
-    if not (kappa > 0 and lambda_c > 0):
-        return None, f"{c.PROFILE_KEY} has non-positive kappa or lambda_c_per_min"
+        profile = parse_profile(text, c.PROFILE_KEY)
+    except BasinError as error:
+        return None, f"not a valid profile: {error}"
+    if profile.fingerprint != fingerprint:
+        return None, f"{c.PROFILE_KEY} is for fingerprint {profile.fingerprint!r}, expected {fingerprint!r}"
     return profile, ""
+
+
+def _profiler_reason(name: str, namespace: str, fingerprint: str) -> str:
+    """The failure reason the profiler left in the ConfigMap's status key for this fingerprint, if any."""
+    configmap = kube.get("v1", "ConfigMap", c.child_name(name, "profile"), namespace)
+    text = ((configmap or {}).get("data") or {}).get(c.PROFILE_STATUS_KEY)
+    try:
+        status = json.loads(text) if text else {}
+    except ValueError:
+        return ""
+    if not isinstance(status, dict) or status.get("fingerprint") != fingerprint:
+        return ""
+    return str(status.get("reason") or "") if status.get("state") == "failed" else ""
 
 
 def reconcile(name: str, namespace: str, emit: Emit, logger: Any) -> None:
@@ -268,11 +278,10 @@ def _profiling(
         if data is None:
             action = type(action)("fail", action.attempt, action.trigger, problem)
         else:
-            profiled_at = str(data.get("profiled_at") or rfc3339(now))
             profile = ProfileStatus(
-                kappa=float(data["kappa"]),
-                lambda_c_per_min=float(data["lambda_c_per_min"]),
-                profiled_at=profiled_at,
+                kappa=data.kappa,
+                lambda_c_per_min=data.lambda_c_per_min,
+                profiled_at=rfc3339(data.profiled_at),
                 fingerprint=fingerprint,
                 state="fresh",
             )
@@ -281,6 +290,9 @@ def _profiling(
             emit("Normal", "Profiled", message)
             logger.info(message)
     if action.kind == "fail" and last is not None:
+        reason = _profiler_reason(name, namespace, last.fingerprint)
+        if reason:
+            action = type(action)("fail", action.attempt, action.trigger, f"{action.message}: {reason}")
         delay = backoff_seconds(spec, action.attempt)
         retry_at = rfc3339(now + dt.timedelta(seconds=delay))
         profiling = last.model_copy(

@@ -30,7 +30,7 @@ import orjson
 from basin import tokens
 from basin.evaluate import CallRecord, RunRecords, Sample, SessionRecord, Summary, summarize
 from basin.looplag import LoopLagProbe
-from basin.sim.costs import unloaded_session_seconds
+from basin.sim.costs import unloaded_call_times, unloaded_session_seconds
 from basin.sim.deployments import GpuCalibration
 from basin.workload import Arrival, Session, poisson_arrivals
 from basin.workload.arrivals import Schedule
@@ -59,6 +59,10 @@ class ReplayConfig:
     request_timeout_s: float = 600.0  # wall seconds per request
     model: str = "default"
     cache_tokens: int = 0  # the server's prefix cache, for the working set ratio (0: unknown)
+    # Sessions joined mid-trajectory at time 0, as the simulator's warm start draws them (same seed, same
+    # draws); each first sends its previous prompt for one token so the server caches it, as the
+    # simulator's warm start leaves it cached.
+    warm_sessions: int = 0
 
     def __post_init__(self) -> None:
         if self.api not in ("openai", "sglang"):
@@ -160,7 +164,14 @@ class Replay:
         self.config = config
         self.progress = progress
         rng = np.random.default_rng(config.seed)  # the simulator's first draws: the same arrivals
-        self.arrivals = poisson_arrivals(config.schedule, pool, rng, warm_sessions=0)
+        gpu = config.reference_gpu
+        self.arrivals = poisson_arrivals(
+            config.schedule,
+            pool,
+            rng,
+            warm_sessions=config.warm_sessions,
+            call_seconds=lambda s: unloaded_call_times(gpu, s),
+        )
         schedule = config.schedule
         surge = schedule.surge_minutes > 0
         self.records = RunRecords(
@@ -176,6 +187,7 @@ class Replay:
         self._started = 0.0
         self._stop = asyncio.Event()
         self._loop_lag = LoopLagProbe()
+        self._tasks: list[asyncio.Task[None]] = []
 
     # ------------------------------------------------------------------ clock
     def now(self) -> float:
@@ -198,14 +210,18 @@ class Replay:
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
             self._http = http
             self._started = time.monotonic()
-            tasks = [asyncio.create_task(self._session(a)) for a in self.arrivals]
-            helpers = [asyncio.create_task(self._sample()), asyncio.create_task(self._loop_lag.run())]
+            self._tasks = [asyncio.create_task(self._session(a)) for a in self.arrivals]
+            helpers = [
+                asyncio.create_task(self._sample()),
+                asyncio.create_task(self._loop_lag.run()),
+                asyncio.create_task(self.feed()),
+            ]
             end = self.records.duration_s
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), end / config.time_scale)
-            for task in [*tasks, *helpers]:
+            for task in [*self._tasks, *helpers]:
                 task.cancel()
-            await asyncio.gather(*tasks, *helpers, return_exceptions=True)
+            await asyncio.gather(*self._tasks, *helpers, return_exceptions=True)
         wall = time.perf_counter() - wall_start
         client = ClientLoad(
             loop_lag_mean_s=self._loop_lag.mean(),
@@ -224,6 +240,14 @@ class Replay:
             model_seconds,
             client,
         )
+
+    async def feed(self) -> None:
+        """Arrivals decided while the run goes (a ramp whose steps end when the load settles); the
+        scheduled arrivals were started already, so by default there are none."""
+
+    def add_arrival(self, arrival: Arrival) -> None:
+        """Start one more session during the run (`arrival.time_s` in model seconds from the start)."""
+        self._tasks.append(asyncio.create_task(self._session(arrival)))
 
     def stop(self, reason: str) -> None:
         """End the run now (Ctrl-C, the error budget); the summary covers what ran."""
@@ -255,15 +279,25 @@ class Replay:
 
     async def _session(self, arrival: Arrival) -> None:
         session, sid = arrival.session, arrival.instance_id
-        record = SessionRecord(sid, arrival.time_s, self._reference(session), in_surge=arrival.in_surge)
+        record = SessionRecord(
+            sid, arrival.time_s, self._reference(session), warm=arrival.warm, in_surge=arrival.in_surge
+        )
         self.records.sessions.append(record)
-        await self._sleep_until(arrival.time_s)
         rng = np.random.default_rng([self.config.seed, zlib.crc32(sid.encode())])
-        self.active[sid] = 0
         history: list[int] = []  # the previous prompt and its output: what the next prompt resends
+        first = arrival.first_call
+        if not arrival.warm:
+            await self._sleep_until(arrival.time_s)
+        self.active[sid] = 0
         try:
+            if first > 0:
+                history = await self._prime(sid, rng, session.calls[first - 1].prompt_tokens)
+                self.active[sid] = len(history)
+                await self._sleep_until(arrival.time_s)
             for index, call in enumerate(session.calls):
-                carried = min(call.carried_tokens, len(history)) if index else 0
+                if index < first:
+                    continue
+                carried = min(call.carried_tokens, len(history)) if history else 0
                 prompt = history[:carried] + tokens.filler(rng, call.prompt_tokens - carried)
                 self.active[sid] = len(prompt)
                 final = index == len(session.calls) - 1
@@ -337,6 +371,29 @@ class Replay:
             record.first_token_s = first
         self.records.calls.append(call)
         return answer, call
+
+    async def _prime(self, sid: str, rng: np.random.Generator, prompt_tokens: int) -> list[int]:
+        """A warm session's previous prompt, sent for one token so the server caches it (not recorded as
+        a call); returns the history its next call resends."""
+        prompt = tokens.filler(rng, prompt_tokens)
+        url, body = self._request(prompt, 1)
+        headers = {SESSION_HEADER: sid, "Content-Type": "application/json"}
+        try:
+            async with self._semaphore:
+                self.counts.requests += 1
+                async with self._http.post(url, data=body, headers=headers) as response:
+                    if response.status != 200:
+                        detail = (await response.text())[:200]
+                        self._error("failed_requests", f"HTTP {response.status} from {url}: {detail}")
+                        raise _Outcome("failed")
+                    answer = await self._read(response)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+            kind = "failed_requests" if isinstance(error, ValueError) else "connection_errors"
+            self._error(kind, f"{type(error).__name__} from {url}: {error}")
+            raise _Outcome("failed") from None
+        if self.config.api == "openai":
+            prompt = self._chat_ids(prompt)
+        return prompt + answer.output
 
     def _error(self, kind: str, message: str) -> None:
         setattr(self.counts, kind, getattr(self.counts, kind) + 1)

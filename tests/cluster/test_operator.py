@@ -172,10 +172,14 @@ def children(cluster: Cluster, namespace: str, name: str) -> dict[str, list[str]
 
 
 def profile_for(profiling: dict, kappa: float, lambda_c: float) -> dict:
-    """What the profiler writes: basin.profile.Profile's keys plus the fingerprint and time."""
+    """What the profiler writes: the shared schema (basin.profile_schema) with the Job's fingerprint."""
     return {
         "kappa": kappa,
         "lambda_c_per_min": lambda_c,
+        "prefill_gpu_tokens": 1_090_000,
+        "host_tokens": 0,
+        "decode_kv_tokens": 1_660_000,
+        "prefill_tokens_per_s": 31_000.0,
         "fingerprint": profiling["fingerprint"],
         "profiled_at": "2026-11-30T10:00:00Z",
     }
@@ -444,6 +448,28 @@ def test_failed_profiling_job_sets_profiled_false_and_retries_with_backoff(
     assert "fingerprint" in obj["status"]["profiling"]["message"]
     third = running_job(cluster, namespace, "x", exclude=(first["job"], retry["job"]))
     assert third["attempt"] == 3
+
+    # A profile without the capacities the gateway needs fails the shared schema, naming the field.
+    incomplete = {k: v for k, v in profile_for(third, 1.0, 5.0).items() if k != "decode_kv_tokens"}
+    finish_job(cluster, namespace, third["job"], incomplete)
+    obj = wait_condition(cluster, namespace, "x", "Profiled", "False", "ProfilingFailed")
+    assert "decode_kv_tokens" in obj["status"]["profiling"]["message"]
+    fourth = running_job(cluster, namespace, "x", exclude=(first["job"], retry["job"], third["job"]))
+
+    # A failed run's reason, left by the profiler in the ConfigMap's status key, reaches the status.
+    cluster.core.patch_namespaced_config_map(
+        "x-profile",
+        namespace,
+        {"data": {"status": json.dumps({"state": "failed", "reason": "target unreachable",
+                                        "fingerprint": fourth["fingerprint"]})}},
+    )  # fmt: skip
+    finish_job(cluster, namespace, fourth["job"], None, succeed=False)
+
+    def reason_shown() -> bool:
+        profiling = get(cluster, namespace, "x")["status"]["profiling"]
+        return profiling["job"] == fourth["job"] and "target unreachable" in (profiling.get("message") or "")
+
+    wait_for(reason_shown, 60, "the profiler's reason in status.profiling.message")
 
 
 def test_ready_replicas_that_stay_changed_trigger_a_profile(
