@@ -113,7 +113,7 @@ def test_a_ramp_that_never_reaches_the_cliff_is_reported_not_fitted(  # type: ig
     emulator = emulator_factory("--deployment", "h100-1p1d", "--time-scale", "60")
     out = tmp_path / "p.json"
     result = run_basin("profile", "--target", emulator.url, "--api", "sglang", "--top-rate", "0.3",
-                       "--ramps", "1", "--steps", "3", "--step-minutes", "3", "--out", str(out),
+                       "--ramps", "1", "--steps", "3", "--step-minutes", "6", "--out", str(out),
                        "--quiet")  # fmt: skip
     _no_profile(result, out, "never left the healthy plateau")
 
