@@ -58,7 +58,10 @@ def basin(pair: Any, role: str) -> dict[str, float]:
 
 
 def retracted(pair: Any) -> float:
-    return pair.metrics("decode")["sglang:num_retracted_reqs"]
+    """SGLang's retraction gauge on decode. SGLang sets it when its scheduler first logs decode stats
+    (every `--decode-log-interval` steps), so on a fresh pair it can be absent: nothing counted yet, 0.
+    Each answer's `meta_info.num_retractions` is the per-request evidence the test also checks."""
+    return pair.metrics("decode").get("sglang:num_retracted_reqs", 0.0)
 
 
 def marked(session: str, lend: bool = True) -> dict[str, Any]:
