@@ -23,7 +23,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,6 +158,23 @@ def wait_healthy(processes: Iterable[tuple[Process, str]], deadline_s: float) ->
         time.sleep(1.0)
 
 
+# How a bind on a taken port reads in the logs: sglang-router (Rust), uvicorn, ZMQ.
+PORT_CLASH = re.compile(r"address already in use|errno 98", re.IGNORECASE)
+
+
+def retry_on_port_clash(launch: Callable[[], list[Process]], attempts: int = 3) -> None:
+    """Run `launch` (which picks its own free ports); when a process it started exited because its port
+    was taken meanwhile, stop what it started and launch again on new ports, up to `attempts` times."""
+    for attempt in range(1, attempts + 1):
+        try:
+            launch()
+            return
+        except RuntimeError as error:
+            if attempt == attempts or not PORT_CLASH.search(str(error)):
+                raise
+            print(f"port taken before a server bound it, relaunching ({attempt}/{attempts}): {error}")
+
+
 def parse_metrics(text: str) -> dict[str, float]:
     """Prometheus text as {'name{labels}': value} plus {'name': sum over label sets}."""
     out: dict[str, float] = {}
@@ -210,52 +227,76 @@ class LivePair:
         return {"prefill": self.prefill_url, "decode": self.decode_url, "router": self.router_url}[role]
 
     def start(self) -> LivePair:
+        """Start prefill and decode, then the router. Ports are picked just before each launch, and a
+        launch whose port was taken in between (the engines' own ZMQ, NIXL and torch ports come from the
+        same ephemeral range, so a picked port can be gone minutes later) is retried on fresh ports."""
         self.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            retry_on_port_clash(self._start_engines)
+            retry_on_port_clash(self._start_router)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_engines(self) -> list[Process]:
         self.prefill_port, self.decode_port, self.bootstrap_port = free_port(), free_port(), free_port()
-        self.router_port, router_metrics = free_port(), free_port()
-        extra = dict(self.env)
         if self.basin:
             self.unit_port = self.unit_port or free_port()
-            extra = {"SGLANG_PLUGINS": "basin", "BASIN_ENGINE_UNIT_PORT": str(self.unit_port), **extra}
-        env = server_env(extra)
+        env = self._server_env()
         common = [
             self.python, "-m", "sglang.launch_server", "--model-path", str(self.model), "--host", HOST,
             "--max-total-tokens", str(self.max_total_tokens),
             *CPU_ARGS, *(BASIN_ARGS if self.basin else ("--enable-metrics",)), *self.engine_args,
         ]  # fmt: skip
+        prefill = self.processes["prefill"] = start(
+            "prefill",
+            [*common, "--port", str(self.prefill_port), "--disaggregation-mode", "prefill",
+             "--disaggregation-bootstrap-port", str(self.bootstrap_port), *PREFILL_CPU_ARGS],
+            env, self.workdir,
+        )  # fmt: skip
+        decode = self.processes["decode"] = start(
+            "decode",
+            [*common, "--port", str(self.decode_port), "--disaggregation-mode", "decode",
+             *DECODE_CPU_ARGS],
+            env, self.workdir,
+        )  # fmt: skip
         try:
-            prefill = self.processes["prefill"] = start(
-                "prefill",
-                [*common, "--port", str(self.prefill_port), "--disaggregation-mode", "prefill",
-                 "--disaggregation-bootstrap-port", str(self.bootstrap_port), *PREFILL_CPU_ARGS],
-                env, self.workdir,
-            )  # fmt: skip
-            decode = self.processes["decode"] = start(
-                "decode",
-                [*common, "--port", str(self.decode_port), "--disaggregation-mode", "decode",
-                 *DECODE_CPU_ARGS],
-                env, self.workdir,
-            )  # fmt: skip
             wait_healthy(
                 [(prefill, f"{self.prefill_url}/health"), (decode, f"{self.decode_url}/health")],
                 self.startup_deadline_s,
             )
-            # The router loads the tokenizer of the workers' model; the model is a local path, and the
-            # tokenizer is named too, so it never needs the hub (its log is checked by the tests).
-            router = self.processes["router"] = start(
-                "router",
-                [self.python, "-m", "sglang_router.launch_router", "--pd-disaggregation",
-                 "--prefill", self.prefill_url, str(self.bootstrap_port), "--decode", self.decode_url,
-                 "--host", HOST, "--port", str(self.router_port), "--prometheus-host", HOST,
-                 "--prometheus-port", str(router_metrics), "--tokenizer-path", str(self.model),
-                 "--log-level", "info"],
-                env, self.workdir,
-            )  # fmt: skip
+        except BaseException:
+            prefill.stop()
+            decode.stop()
+            raise
+        return [prefill, decode]
+
+    def _server_env(self) -> dict[str, str]:
+        extra = dict(self.env)
+        if self.basin:
+            extra = {"SGLANG_PLUGINS": "basin", "BASIN_ENGINE_UNIT_PORT": str(self.unit_port), **extra}
+        return server_env(extra)
+
+    def _start_router(self) -> list[Process]:
+        self.router_port, router_metrics = free_port(), free_port()
+        # The router loads the tokenizer of the workers' model; the model is a local path, and the
+        # tokenizer is named too, so it never needs the hub (its log is checked by the tests).
+        router = self.processes["router"] = start(
+            "router",
+            [self.python, "-m", "sglang_router.launch_router", "--pd-disaggregation",
+             "--prefill", self.prefill_url, str(self.bootstrap_port), "--decode", self.decode_url,
+             "--host", HOST, "--port", str(self.router_port), "--prometheus-host", HOST,
+             "--prometheus-port", str(router_metrics), "--tokenizer-path", str(self.model),
+             "--log-level", "info"],
+            self._server_env(), self.workdir,
+        )  # fmt: skip
+        try:
             wait_healthy([(router, f"{self.router_url}/health")], 120.0)
         except BaseException:
-            self.stop()
+            router.stop()
             raise
-        return self
+        return [router]
 
     def stop(self) -> None:
         for name in ("router", "decode", "prefill"):
