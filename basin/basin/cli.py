@@ -1583,25 +1583,14 @@ def gateway_run(**flags: object) -> None:
 def up(deployment: str, time_scale: float, policy: str, no_redis: bool, duration_min: float) -> None:
     """The local stack: the emulator, the gateway (Redis when installed) and a short x5 surge through it."""
     try:
-        from basin_gateway.local import Stack, run_stack
+        from basin_gateway.local import Stack, run_stack, surge_replay
     except ImportError as error:
         raise BasinError(
             f"the local stack needs: pip install 'basin[gateway,emulator,profiler]' ({error})"
         ) from None
     if duration_min < 16:
         raise BasinError("--duration-min must be at least 16 (the surge runs from minute 3 to 15)")
-    replay = (
-        "--base-rate",
-        "8",
-        "--surge-factor",
-        "5",
-        "--surge-start-min",
-        "3",
-        "--surge-minutes",
-        "12",
-        "--duration-min",
-        f"{duration_min:g}",
-    )
+    replay = surge_replay(duration_min)
     code = run_stack(Stack(deployment, time_scale, policy, not no_redis, replay), _console())
     if code:
         sys.exit(code)

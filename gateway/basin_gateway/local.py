@@ -5,6 +5,7 @@ with a live table of what the gateway decides."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import socket
@@ -26,27 +27,48 @@ from basin.errors import BasinError
 BASIN = str(Path(sys.executable).with_name("basin"))
 
 
+def surge_replay(duration_min: float = 30.0) -> tuple[str, ...]:
+    """`basin replay`'s arguments for the local stack's surge: x5 from minute 3 to 15 at 8 sessions/min
+    (the same scenario `basin up` shows and the gateway's surge test measures)."""
+    return (
+        *("--base-rate", "8", "--surge-factor", "5", "--surge-start-min", "3", "--surge-minutes", "12"),
+        *("--duration-min", f"{duration_min:g}"),
+    )
+
+
 @dataclass(frozen=True)
 class Stack:
     deployment: str = "h200-1p3d"
     time_scale: float = 20.0
     policy: str = "basin"
     redis: bool = True
-    replay: tuple[str, ...] = (
-        "--base-rate",
-        "8",
-        "--surge-factor",
-        "5",
-        "--surge-start-min",
-        "3",
-        "--surge-minutes",
-        "12",
-        "--duration-min",
-        "30",
-    )
+    replay: tuple[str, ...] = surge_replay()
 
 
-def _free_port() -> int:
+class Server:
+    """A started server process whose output is kept (read on a thread so it never blocks on a full
+    pipe), with the port it announced."""
+
+    def __init__(self, process: subprocess.Popen[str], port: int, log: list[str]) -> None:
+        self.process = process
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = log
+
+    def text(self) -> str:
+        return "".join(self.log)
+
+    def stop(self, kill: bool = False) -> None:
+        if self.process.poll() is None:
+            self.process.kill() if kill else self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+
+
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -56,21 +78,66 @@ def _drain(stream: object, log: list[str]) -> None:
     log.extend(iter(stream.readline, ""))  # type: ignore[attr-defined]
 
 
-def _start(args: list[str], pattern: str, what: str, log: list[str]) -> tuple[subprocess.Popen[str], int]:
-    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def start_server(
+    args: list[str], pattern: str, what: str, timeout: float = 60, env: dict[str, str] | None = None
+) -> Server:
+    """Start `args` and wait for the output line matching `pattern` (its group 1 is the port, if any)."""
+    full_env = {**os.environ, **env} if env else None
+    process = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env
+    )
     assert process.stdout is not None
-    deadline = time.monotonic() + 60
+    log: list[str] = []
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         line = process.stdout.readline()
         log.append(line)
         match = re.search(pattern, line)
         if match:
             threading.Thread(target=_drain, args=(process.stdout, log), daemon=True).start()
-            return process, int(match.group(1) or 0)
+            return Server(process, int(match.group(1) or 0), log)
         if not line and process.poll() is not None:
             break
     process.kill()
-    raise BasinError(f"{what} did not start: {''.join(log[-5:])}")
+    raise BasinError(f"{what} did not start: {''.join(log[-20:])}")
+
+
+def start_emulator(*args: str) -> Server:
+    """`basin emulate --port 0 …`, waiting for the line that names its port."""
+    return start_server(
+        [BASIN, "emulate", "--port", "0", *args], r"at http://127\.0\.0\.1:(\d+)", "the emulator"
+    )
+
+
+def start_gateway(upstream: str, *args: str, env: dict[str, str] | None = None) -> Server:
+    """`basin gateway run --port 0 …`, waiting for the line that names its port."""
+    command = [BASIN, "gateway", "run", "--host", "127.0.0.1", "--port", "0", "--upstream", upstream, *args]
+    return start_server(command, r"serving at http://127\.0\.0\.1:(\d+)", "the gateway", env=env)
+
+
+def replay_command(target: str, time_scale: str, out: Path, *scenario: str) -> list[str]:
+    """`basin replay` of `scenario` against `target` in SGLang's wire format, its result as JSON in `out`."""
+    command = [BASIN, "replay", "--target", target, "--api", "sglang", "--time-scale", time_scale]
+    return [*command, "--quiet", "--json", str(out), *scenario]
+
+
+def redis_server_path() -> str | None:
+    return shutil.which("redis-server")
+
+
+def start_redis(directory: str | Path, port: int | None = None) -> Server:
+    """A throwaway redis-server without persistence (gateway state is soft, as in a managed Redis)."""
+    server_path = redis_server_path()
+    if server_path is None:
+        raise BasinError("redis-server is not on PATH (Debian: apt-get install redis-server)")
+    port = port or free_port()
+    args = [server_path, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    server = start_server(
+        [*args, "--dir", str(directory)], r"(?i)ready to accept connections()", "redis-server"
+    )
+    server.port = port
+    server.url = f"redis://127.0.0.1:{port}/0"
+    return server
 
 
 def _metrics(url: str) -> dict[str, float]:
@@ -130,93 +197,40 @@ def _table(values: dict[str, float], stack: Stack, elapsed: float, mode: str) ->
 
 def run_stack(stack: Stack, console: Console) -> int:
     """Start everything, replay the surge with a live table, print the replay's summary; 0 on success."""
-    started: list[subprocess.Popen[str]] = []
-    logs: dict[str, list[str]] = {"emulator": [], "gateway": [], "redis": []}
+    started: list[Server] = []
     tmp = tempfile.mkdtemp(prefix="basin-up-")
     try:
         scale = f"{stack.time_scale:g}"
-        emulator, emulator_port = _start(
-            [BASIN, "emulate", "--deployment", stack.deployment, "--time-scale", scale, "--port", "0"],
-            r"at http://127\.0\.0\.1:(\d+)",
-            "the emulator",
-            logs["emulator"],
-        )
+        emulator = start_emulator("--deployment", stack.deployment, "--time-scale", scale)
         started.append(emulator)
         extra: list[str] = []
-        mode = "in memory (no redis-server installed)"
-        redis_server = shutil.which("redis-server") if stack.redis else None
-        if redis_server:
-            port = _free_port()
-            redis, _ = _start(
-                [
-                    redis_server,
-                    "--port",
-                    str(port),
-                    "--bind",
-                    "127.0.0.1",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                    "--dir",
-                    tmp,
-                ],
-                r"(?i)ready to accept connections()",
-                "redis-server",
-                logs["redis"],
-            )
+        mode = "in memory (no redis-server installed)" if stack.redis else "in memory"
+        if stack.redis and redis_server_path():
+            redis = start_redis(tmp)
             started.append(redis)
-            extra = ["--redis", f"redis://127.0.0.1:{port}/0"]
-            mode = f"Redis at 127.0.0.1:{port}"
-        elif not stack.redis:
-            mode = "in memory"
-        gateway, gateway_port = _start(
-            [
-                BASIN,
-                "gateway",
-                "run",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--upstream",
-                f"http://127.0.0.1:{emulator_port}",
-                "--deployment",
-                stack.deployment,
-                "--time-scale",
-                scale,
-                "--policy",
-                stack.policy,
-                *extra,
-            ],
-            r"serving at http://127\.0\.0\.1:(\d+)",
-            "the gateway",
-            logs["gateway"],
+            extra = ["--redis", redis.url]
+            mode = f"Redis at 127.0.0.1:{redis.port}"
+        gateway = start_gateway(
+            emulator.url,
+            "--deployment",
+            stack.deployment,
+            "--time-scale",
+            scale,
+            "--policy",
+            stack.policy,
+            *extra,
         )
         started.append(gateway)
-        url = f"http://127.0.0.1:{gateway_port}"
-        console.print(f"emulator http://127.0.0.1:{emulator_port}, gateway {url} ({mode}); replaying a surge")
+        url = gateway.url
+        console.print(f"emulator {emulator.url}, gateway {url} ({mode}); replaying a surge")
         out = Path(tmp) / "replay.json"
         replay = subprocess.Popen(
-            [
-                BASIN,
-                "replay",
-                "--target",
-                url,
-                "--api",
-                "sglang",
-                "--time-scale",
-                scale,
-                "--quiet",
-                "--json",
-                str(out),
-                *stack.replay,
-            ],
+            replay_command(url, scale, out, *stack.replay),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
-        started.append(replay)
+        started.append(Server(replay, 0, []))
         begin = time.monotonic()
         with Live(_table({}, stack, 0.0, mode), console=console, refresh_per_second=2) as live:
             while replay.poll() is None:
@@ -248,11 +262,6 @@ def run_stack(stack: Stack, console: Console) -> int:
         console.print("stopped")
         return 130
     finally:
-        for process in reversed(started):
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
+        for server in reversed(started):
+            server.stop()
         shutil.rmtree(tmp, ignore_errors=True)

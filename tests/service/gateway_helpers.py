@@ -3,12 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import re
-import shutil
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -17,105 +11,44 @@ from pathlib import Path
 import requests
 from aiohttp import web
 
-BASIN = str(Path(sys.executable).with_name("basin"))  # the venv's own script, never one on PATH
+# The servers start the way `basin up` starts them (gateway/basin_gateway/local.py); re-exported here.
+from basin_gateway.local import BASIN as BASIN
+from basin_gateway.local import Server as Process
+from basin_gateway.local import free_port as free_port
+from basin_gateway.local import redis_server_path
+from basin_gateway.local import replay_command as replay_command
+from basin_gateway.local import start_emulator as start_emulator
+from basin_gateway.local import start_gateway as start_gateway
+from basin_gateway.local import start_redis as _start_redis
 
 
-class Process:
-    """A started server process whose log is kept (read on a thread so it never blocks on a full pipe)."""
-
-    def __init__(self, process: subprocess.Popen[str], port: int, log: list[str]) -> None:
-        self.process = process
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        self.log = log
-
-    def text(self) -> str:
-        return "".join(self.log)
-
-    def stop(self, kill: bool = False) -> None:
-        if self.process.poll() is None:
-            self.process.kill() if kill else self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
-
-
-def _drain(stream: object, log: list[str]) -> None:
-    log.extend(iter(stream.readline, ""))  # type: ignore[attr-defined]
-
-
-def _start(
-    args: list[str], pattern: str, what: str, timeout: float = 60, env: dict[str, str] | None = None
-) -> Process:
-    full_env = {**os.environ, **env} if env else None
-    process = subprocess.Popen(
-        args, stderr=subprocess.STDOUT, stdout=subprocess.PIPE, text=True, env=full_env
-    )
-    assert process.stdout is not None
-    log: list[str] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        log.append(line)
-        match = re.search(pattern, line)
-        if match:
-            threading.Thread(target=_drain, args=(process.stdout, log), daemon=True).start()
-            return Process(process, int(match.group(1) or 0), log)
-        if not line and process.poll() is not None:
-            break
-    process.kill()
-    raise RuntimeError(f"{what} did not start: " + "".join(log))
-
-
-def start_emulator(*args: str) -> Process:
-    """`basin emulate --port 0 …` (the conftest's fixture starts one per test; these live per module)."""
-    return _start([BASIN, "emulate", "--port", "0", *args], r"at http://127\.0\.0\.1:(\d+)", "the emulator")
-
-
-def start_gateway(upstream: str, *args: str, env: dict[str, str] | None = None) -> Process:
-    """`basin gateway run --port 0 …`, waiting for the line that names its port."""
-    command = [BASIN, "gateway", "run", "--host", "127.0.0.1", "--port", "0", "--upstream", upstream, *args]
-    return _start(command, r"serving at http://127\.0\.0\.1:(\d+)", "the gateway", env=env)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def redis_server_path() -> str:
-    path = shutil.which("redis-server")
-    if path is None:
+def start_redis(tmp: Path, port: int | None = None) -> Process:
+    """A throwaway redis-server; the service tests need a real one, so its absence is an error."""
+    if redis_server_path() is None:
         raise RuntimeError(
             "redis-server is not on PATH: the gateway's service tests need a real Redis "
             "(Debian: apt-get install redis-server)"
         )
-    return path
+    return _start_redis(tmp, port)
 
 
-def start_redis(tmp: Path, port: int | None = None) -> Process:
-    """A throwaway redis-server without persistence (gateway state is soft, as in the managed Redis)."""
-    port = port or free_port()
-    args = [
-        redis_server_path(),
-        "--port",
-        str(port),
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--dir",
-        str(tmp),
-    ]
-    process = _start(args, r"(?:Ready to accept connections|ready to accept connections)()", "redis-server")
-    process.port = port
-    process.url = f"redis://127.0.0.1:{port}/0"
-    return process
+def start_replicas(upstream: str, *args: str, count: int = 2) -> list[Process]:
+    """`count` gateway replicas with the same arguments (one Redis among them); the first holds the
+    leader's lease before the others start, so which replica leads is known. On a failure, those started
+    are stopped."""
+    replicas: list[Process] = []
+    try:
+        for _ in range(count):
+            replicas.append(start_gateway(upstream, *args))
+            if len(replicas) == 1:
+                wait_for(
+                    lambda: metric(replicas[0].url, "basin_gateway_leader") == 1, "the first replica's lease"
+                )
+    except BaseException:
+        for replica in replicas:
+            replica.stop()
+        raise
+    return replicas
 
 
 def metrics(url: str) -> dict[str, float]:

@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 import redis
 from gateway_helpers import (
-    BASIN,
     Process,
     RoundRobin,
     metric,
+    replay_command,
     start_emulator,
-    start_gateway,
     start_redis,
+    start_replicas,
     wait_for,
 )
 
@@ -62,37 +62,16 @@ def stack(tmp_path: Path) -> Iterator[tuple[Process, Process, list[Process]]]:
             "--lease-ttl",
             str(TTL),
         ]
-        first = start_gateway(emulator.url, *common)
-        started.append(first)
-        wait_for(lambda: metric(first.url, "basin_gateway_leader") == 1, "the first replica's lease")
-        second = start_gateway(emulator.url, *common)
-        started.append(second)
-        yield emulator, server, [first, second]
+        gateways = start_replicas(emulator.url, *common)
+        started.extend(gateways)
+        yield emulator, server, gateways
     finally:
         for process in reversed(started):
             process.stop()
 
 
 def replay(target: str, out: Path) -> subprocess.Popen[str]:
-    args = [
-        BASIN,
-        "replay",
-        "--target",
-        target,
-        "--api",
-        "sglang",
-        "--time-scale",
-        SCALE,
-        "--quiet",
-        "--json",
-        str(out),
-        "--base-rate",
-        "4",
-        "--duration-min",
-        "10",
-        "--seed",
-        "3",
-    ]
+    args = replay_command(target, SCALE, out, "--base-rate", "4", "--duration-min", "10", "--seed", "3")
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

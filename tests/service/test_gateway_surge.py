@@ -13,25 +13,22 @@ from pathlib import Path
 
 import pytest
 import requests
-from gateway_helpers import BASIN, Process, RoundRobin, metrics, start_emulator, start_gateway, start_redis
+from gateway_helpers import (
+    Process,
+    RoundRobin,
+    metrics,
+    replay_command,
+    start_emulator,
+    start_redis,
+    start_replicas,
+)
+
+from basin_gateway.local import surge_replay
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
 
 SCALE = "20"
-SCENARIO = [
-    "--base-rate",
-    "8",
-    "--surge-factor",
-    "5",
-    "--surge-start-min",
-    "3",
-    "--surge-minutes",
-    "12",
-    "--duration-min",
-    "30",
-    "--seed",
-    "0",
-]
+SCENARIO = [*surge_replay(), "--seed", "0"]  # `basin up`'s surge
 
 
 class Watch:
@@ -84,26 +81,11 @@ def run(policy: str, tmp: Path) -> tuple[dict, list[dict[str, float]], list[str]
             "--deployment-name",
             f"surge-{policy}",
         ]
-        gateways = []
-        for _ in range(2):
-            gateways.append(start_gateway(emulator.url, *common))
-            started.append(gateways[-1])
+        gateways = start_replicas(emulator.url, *common)
+        started.extend(gateways)
         balancer = RoundRobin([g.port for g in gateways]).serve()
         out = tmp / f"{policy}.json"
-        command = [
-            BASIN,
-            "replay",
-            "--target",
-            balancer.url,
-            "--api",
-            "sglang",
-            "--time-scale",
-            SCALE,
-            "--quiet",
-            "--json",
-            str(out),
-            *SCENARIO,
-        ]
+        command = replay_command(balancer.url, SCALE, out, *SCENARIO)
         with Watch(gateways) as watch:
             replay = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
         assert replay.returncode == 0, replay.stdout + replay.stderr
