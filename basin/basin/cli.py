@@ -129,6 +129,34 @@ def schedule_options():  # type: ignore[no-untyped-def]
     )
 
 
+def endpoint_options(help_prefix: str = ""):  # type: ignore[no-untyped-def]
+    """How a live run talks to its endpoint (replay, profile --target): time scale, wire format, model."""
+    return _options(
+        [
+            click.option(
+                "--time-scale",
+                type=float,
+                default=None,
+                help=f"{help_prefix}Model seconds per wall second. "
+                "Default: the server's own (an emulator reports it), else 1.",
+            ),
+            click.option(
+                "--api",
+                type=click.Choice(["openai", "sglang"]),
+                default="openai",
+                show_default=True,
+                help=f"{help_prefix}openai: POST /v1/chat/completions; sglang: POST /generate with input_ids",
+            ),
+            click.option(
+                "--model",
+                default="default",
+                show_default=True,
+                help=f"{help_prefix}Model name sent with OpenAI requests.",
+            ),
+        ]
+    )
+
+
 def _schedule(
     base_rate: float | None,
     surge_factor: float,
@@ -513,20 +541,7 @@ def emulate(
 )
 @workload_options(default="terminal-bench")
 @schedule_options()
-@click.option(
-    "--time-scale",
-    type=float,
-    default=None,
-    help="Model seconds per wall second. Default: the server's own (an emulator reports it), else 1.",
-)
-@click.option(
-    "--api",
-    type=click.Choice(["openai", "sglang"]),
-    default="openai",
-    show_default=True,
-    help="openai: POST /v1/chat/completions; sglang: POST /generate with input_ids.",
-)
-@click.option("--model", default="default", show_default=True, help="Model name sent with OpenAI requests.")
+@endpoint_options()
 @click.option(
     "--max-concurrency", type=int, default=512, show_default=True, help="Requests in flight at most."
 )
@@ -1153,20 +1168,7 @@ def evaluate_command(suite: str, seed: int, json_out: str | None, plot_out: str 
     show_default=True,
     help="Live: wall-clock bound; ramps are dropped to fit it, and a run past it fails.",
 )
-@click.option(
-    "--time-scale",
-    type=float,
-    default=None,
-    help="Live: model seconds per wall second. Default: the server's own (an emulator reports it), else 1.",
-)
-@click.option(
-    "--api",
-    type=click.Choice(["openai", "sglang"]),
-    default="openai",
-    show_default=True,
-    help="Live: openai (/v1/chat/completions) or sglang (/generate with input_ids).",
-)
-@click.option("--model", default="default", show_default=True, help="Live: model name in OpenAI requests.")
+@endpoint_options(help_prefix="Live: ")
 @click.option("--gpu", type=click.Choice(["h100", "h200"]), default=None, help="Live: GPU kind measured.")
 @click.option("--prefill-replicas", type=int, default=None, help="Live: prefill replicas measured.")
 @click.option("--decode-replicas", type=int, default=None, help="Live: decode replicas measured.")
