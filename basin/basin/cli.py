@@ -1438,6 +1438,20 @@ def gateway_group() -> None:
     metavar="URL",
     help="The SGLang router (or engine, or emulator). Env: BASIN_ROUTER_URL. Default: http://127.0.0.1:30000.",
 )
+@click.option(
+    "--prefill",
+    nargs=2,
+    multiple=True,
+    metavar="URL BOOTSTRAP_PORT",
+    help="Address this prefill engine directly, not through the router (repeatable; with --decode; as"
+    " sglang-router's --prefill). Env: BASIN_PREFILL_ENGINES ('URL PORT,URL PORT').",
+)
+@click.option(
+    "--decode",
+    multiple=True,
+    metavar="URL",
+    help="Address this decode engine directly (repeatable; with --prefill). Env: BASIN_DECODE_ENGINES.",
+)
 @click.option("--host", default=None, help="Address to listen on. Env: BASIN_GATEWAY_HOST. Default: 0.0.0.0.")
 @click.option(
     "--port", type=int, default=None, help="Port (0: any free one). Env: BASIN_GATEWAY_PORT. Default: 8080."
@@ -1549,19 +1563,22 @@ def gateway_run(**flags: object) -> None:
     try:
         from basin_gateway.server import serve
         from basin_gateway.settings import from_environment
+        from basin_gateway.upstream import Upstreams, parse_decode, parse_prefill
     except ImportError as error:
         raise BasinError(f"the gateway needs: pip install 'basin[gateway]' ({error})") from None
+    flags["prefill"] = tuple(parse_prefill(url, port) for url, port in flags["prefill"])  # type: ignore[attr-defined]
+    flags["decode"] = tuple(parse_decode(url) for url in flags["decode"])  # type: ignore[attr-defined]
     settings = from_environment(**flags)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     log = logging.getLogger("basin.gateway")
 
     def ready(bound: int) -> None:
         log.info(
-            "gateway (%s) serving at http://%s:%d in front of %s, time x%g",
+            "gateway (%s) serving at http://%s:%d, calls go %s, time x%g",
             settings.policy,
             settings.host,
             bound,
-            settings.upstream,
+            Upstreams.of(settings).describe(),
             settings.time_scale,
         )
 

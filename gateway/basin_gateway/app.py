@@ -1,4 +1,5 @@
-"""The gateway's HTTP face: SGLang's generation routes in front of the upstream router, plus its own.
+"""The gateway's HTTP face: SGLang's generation routes in front of the upstream router (or of the prefill
+and decode engines themselves, basin_gateway/upstream.py), plus its own.
 
 Every call goes through the brain (or, with Redis, the leader's brain) before it is forwarded; answers
 stream back unbuffered. Every non-2xx answer the gateway makes is JSON with an `X-Basin-Reason` header;
@@ -28,6 +29,7 @@ from basin_gateway.brain import FORWARD, PARK, REJECT, SHED, Verdict
 from basin_gateway.coordinator import Coordinator
 from basin_gateway.metrics import GatewayMetrics
 from basin_gateway.settings import Settings
+from basin_gateway.upstream import PrefillEngine, Target, Upstreams, bootstrap_fields
 from basin_gateway.wire import (
     ROUTES,
     BadInput,
@@ -107,7 +109,7 @@ class Gateway:
         self.metrics = metrics
         self.http: aiohttp.ClientSession | None = None
         self.tasks: set[asyncio.Task[Any]] = set()
-        self.upstream = settings.upstream.rstrip("/")
+        self.upstreams = Upstreams.of(settings)
         self.timeout = aiohttp.ClientTimeout(
             total=None,
             sock_connect=settings.upstream_connect_timeout_s,
@@ -121,17 +123,40 @@ class Gateway:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def abort_upstream(self, rid: str) -> None:
-        """SGLang's `/abort_request` for a call whose client left (the engine frees what it holds)."""
+    async def abort_upstream(self, rid: str, servers: tuple[str, ...] | None = None) -> None:
+        """SGLang's `/abort_request` for a call whose client left (the engines free what they hold), on
+        every server it may have reached (default: all)."""
         assert self.http is not None
         self.metrics.aborts.inc()
+        for server in servers or self.upstreams.engines():
+            try:
+                async with self.http.post(
+                    f"{server}/abort_request", json={"rid": rid}, timeout=aiohttp.ClientTimeout(total=5)
+                ) as response:
+                    await response.read()
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                log.warning("could not abort %s at %s: %s", rid, server, exc)
+
+    async def prefill_half(
+        self, prefill: PrefillEngine, decode: str, route: str, data: bytes, headers: dict[str, str], rid: str
+    ) -> None:
+        """The prefill engine's half of a directly addressed call. Its answer is read and dropped (decode's
+        is the call's, as with sglang-router); when it fails, decode's half is aborted, so that decode
+        does not wait for KV that never comes."""
+        assert self.http is not None
         try:
             async with self.http.post(
-                f"{self.upstream}/abort_request", json={"rid": rid}, timeout=aiohttp.ClientTimeout(total=5)
+                f"{prefill.url}{route}", data=data, headers=headers, timeout=self.timeout
             ) as response:
                 await response.read()
+                if response.status == 200:
+                    return
+                kind, detail = f"prefill-status-{response.status}", f"answered {response.status}"
         except (aiohttp.ClientError, TimeoutError) as exc:
-            log.warning("could not abort %s upstream: %s", rid, exc)
+            kind, detail = "prefill-unavailable", f"{type(exc).__name__} {exc}"
+        self.metrics.upstream_errors.labels(kind).inc()
+        log.warning("prefill %s %s for %s; aborting it on decode", prefill.url, detail, rid)
+        await self.abort_upstream(rid, (decode,))
 
 
 # ---------------------------------------------------------------------------- middleware
@@ -241,6 +266,7 @@ async def proxy(request: web.Request) -> web.StreamResponse:
     if verdict.waited is not None:
         metrics.first_call_wait.observe(verdict.waited)
     directives = verdict.directives
+    target = gateway.upstreams.pick(sid)
     upstream_body = rewrite(
         route,
         body,
@@ -248,12 +274,14 @@ async def proxy(request: web.Request) -> web.StreamResponse:
         rid,
         directives.priority if directives else None,
         bool(directives and directives.lend),
+        bootstrap_fields(target.prefill) if target.prefill else None,
     )
     del body, raw
     return await _forward(
         request,
         gateway,
         route,
+        target,
         sid,
         rid,
         verdict,
@@ -292,6 +320,7 @@ async def _forward(
     request: web.Request,
     gateway: Gateway,
     route: str,
+    target: Target,
     sid: str,
     rid: str,
     verdict: Verdict,
@@ -300,7 +329,8 @@ async def _forward(
     final: bool,
     bypass: bool,
 ) -> web.StreamResponse:
-    """Send the call upstream and pass its answer back; settle the session whatever happens."""
+    """Send the call upstream (with its prefill half, when the engines are addressed directly) and pass
+    its answer back; settle the session whatever happens."""
     assert gateway.http is not None
     metrics, coordinator, settings = gateway.metrics, gateway.coordinator, gateway.settings
     started = time.perf_counter()
@@ -313,6 +343,8 @@ async def _forward(
         if not bypass and not settled:
             coordinator.end(sid, False, "failed", kind)
         settled = True
+        if target.prefill is not None:  # its prefill half must not wait for a decode that failed
+            gateway.spawn(gateway.abort_upstream(rid, (target.prefill.url,)))
 
     def done(tokens: tuple[int, int] | None, fallback_output: int) -> None:
         nonlocal settled
@@ -333,16 +365,18 @@ async def _forward(
             coordinator.end(sid, False, "ended", "client-disconnect")
         gateway.spawn(gateway.abort_upstream(rid))
 
+    if target.prefill is not None:
+        gateway.spawn(gateway.prefill_half(target.prefill, target.url, route, data, headers, rid))
     try:
         upstream = await gateway.http.post(
-            f"{gateway.upstream}{route}", data=data, headers=headers, timeout=gateway.timeout
+            f"{target.url}{route}", data=data, headers=headers, timeout=gateway.timeout
         )
     except asyncio.CancelledError:
         left()
         raise
     except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
         fail("unavailable")
-        return error(502, "upstream-unavailable", f"the upstream {gateway.upstream} is unreachable: {exc}")
+        return error(502, "upstream-unavailable", f"the upstream {target.url} is unreachable: {exc}")
     except TimeoutError:
         fail("timeout")
         return error(504, "upstream-timeout", "the upstream did not answer in time")
@@ -491,19 +525,23 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-async def ready(request: web.Request) -> web.Response:
-    """Ready when the upstream answers its /health (checked at most once a second)."""
-    gateway: Gateway = request.app[GATEWAY_KEY]  # type: ignore[assignment]
+async def _healthy(gateway: Gateway, server: str) -> bool:
     assert gateway.http is not None
+    try:
+        async with gateway.http.get(f"{server}/health", timeout=aiohttp.ClientTimeout(total=2)) as r:
+            return r.status == 200
+    except (aiohttp.ClientError, TimeoutError):
+        return False
+
+
+async def ready(request: web.Request) -> web.Response:
+    """Ready when the upstream (every engine, when addressed directly) answers its /health (checked at
+    most once a second)."""
+    gateway: Gateway = request.app[GATEWAY_KEY]  # type: ignore[assignment]
     if time.monotonic() - gateway.ready_checked > 1.0:
         gateway.ready_checked = time.monotonic()
-        try:
-            async with gateway.http.get(
-                f"{gateway.upstream}/health", timeout=aiohttp.ClientTimeout(total=2)
-            ) as r:
-                gateway.upstream_ok = r.status == 200
-        except (aiohttp.ClientError, TimeoutError):
-            gateway.upstream_ok = False
+        servers = gateway.upstreams.engines()
+        gateway.upstream_ok = all(await asyncio.gather(*(_healthy(gateway, s) for s in servers)))
     state = {"upstream": gateway.upstream_ok, **gateway.coordinator.describe()}
     if not gateway.upstream_ok:
         return error(503, "upstream-unavailable", f"the upstream is not healthy: {state}")
@@ -523,7 +561,7 @@ async def passthrough_get(request: web.Request) -> web.StreamResponse:
     assert gateway.http is not None
     try:
         async with gateway.http.get(
-            f"{gateway.upstream}{request.path}",
+            f"{gateway.upstreams.pick('').url}{request.path}",
             timeout=aiohttp.ClientTimeout(total=10),
             headers=forward_headers(request.headers, "X-Basin-None", ""),
         ) as r:

@@ -25,6 +25,7 @@ from basin_gateway.build import LoadedProfile, build_policy, load_predictor, rea
 from basin_gateway.metrics import GatewayMetrics
 from basin_gateway.settings import Settings
 from basin_gateway.telemetry import PodEngines, PrometheusSource, ScrapeSource, Tracker
+from basin_gateway.upstream import Upstreams
 
 log = logging.getLogger("basin.gateway")
 
@@ -79,7 +80,7 @@ class Coordinator:
         settings = self.settings
         selectors = tuple(s for s in (settings.prefill_selector, settings.decode_selector) if s)
         if settings.engines or not selectors:
-            scrape = ScrapeSource(http, settings.engines or (settings.upstream,))
+            scrape = ScrapeSource(http, settings.engines or Upstreams.of(settings).engines())
         else:
             pods = PodEngines(
                 settings.namespace or "default", selectors, settings.engine_port, settings.kubeconfig

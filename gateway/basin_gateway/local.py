@@ -4,6 +4,7 @@ with a live table of what the gateway decides."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -91,15 +92,17 @@ def start_server(
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         line = process.stdout.readline()
+        if not line:  # end of output: the process is exiting
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=10)
+            break
         log.append(line)
         match = re.search(pattern, line)
         if match:
             threading.Thread(target=_drain, args=(process.stdout, log), daemon=True).start()
             return Server(process, int(match.group(1) or 0), log)
-        if not line and process.poll() is not None:
-            break
     process.kill()
-    raise BasinError(f"{what} did not start: {''.join(log[-20:])}")
+    raise BasinError(f"{what} did not start: {''.join(log)[-4000:]}")
 
 
 def start_emulator(*args: str) -> Server:

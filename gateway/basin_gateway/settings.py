@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from basin.errors import BasinError
 from basin.policy import BasinConfig
+from basin_gateway.upstream import PrefillEngine, parse_decode, parse_prefill_list
 
 # Policies whose actions need engine features stock SGLang lacks: refused at start, with the reason.
 REFUSED_POLICIES = {
@@ -41,6 +42,9 @@ POLICY_ENV = {
 @dataclass(frozen=True)
 class Settings:
     upstream: str = "http://127.0.0.1:30000"
+    # Address the engines directly instead of the router (basin_gateway/upstream.py): both or neither.
+    prefill: tuple[PrefillEngine, ...] = ()
+    decode: tuple[str, ...] = ()
     host: str = "0.0.0.0"
     port: int = 8080
     metrics_port: int | None = None  # /metrics and health on their own port too
@@ -83,6 +87,8 @@ class Settings:
             raise BasinError(f"--port must be between 0 and 65535, got {self.port}")
         if not self.upstream.startswith(("http://", "https://")):
             raise BasinError(f"--upstream must be an http(s) URL, got {self.upstream!r}")
+        if bool(self.prefill) != bool(self.decode):
+            raise BasinError("addressing the engines directly needs both --prefill and --decode")
         name = ALIASES.get(self.policy, self.policy)
         if name in REFUSED_POLICIES:
             raise BasinError(f"policy {self.policy!r} cannot run live: {REFUSED_POLICIES[name]}")
@@ -150,6 +156,12 @@ def from_environment(env: Mapping[str, str] | None = None, **flags: object) -> S
         number = _float(env, name)
         if number is not None:
             values[attr] = number
+    if env.get("BASIN_PREFILL_ENGINES"):
+        values["prefill"] = parse_prefill_list(env["BASIN_PREFILL_ENGINES"])
+    if env.get("BASIN_DECODE_ENGINES"):
+        values["decode"] = tuple(
+            parse_decode(u.strip()) for u in env["BASIN_DECODE_ENGINES"].split(",") if u.strip()
+        )
     if env.get("BASIN_ENGINES"):
         values["engines"] = tuple(u.strip() for u in env["BASIN_ENGINES"].split(",") if u.strip())
     deployment = env.get("BASIN_DEPLOYMENT") or env.get("BASIN_PROFILE_CONFIGMAP", "").removesuffix(

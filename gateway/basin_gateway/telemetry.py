@@ -59,7 +59,7 @@ def totals_from_metrics(text: str, loads: dict | None) -> dict[str, float]:
         "sglang:max_total_num_tokens": ("decode_kv_capacity_tokens", "decode"),
         "sglang:basin_lent_tokens": ("lent_tokens", "decode"),
     }
-    seen = set()
+    present = {family.name for family in families}
     for family in families:
         target = names.get(family.name)
         if target is None:
@@ -69,8 +69,8 @@ def totals_from_metrics(text: str, loads: dict | None) -> dict[str, float]:
             if sample.name.endswith("_created") or not _label(sample.labels, role):
                 continue
             sums[field] += sample.value
-            seen.add(field)
-    if "prompt_tokens" not in seen:
+    # Every SGLang engine exports it (a decode engine too, under engine_type="decode", which adds nothing).
+    if "sglang:prompt_tokens" not in present:
         raise TelemetryError(
             "no sglang:prompt_tokens_total series (is this an SGLang engine with --enable-metrics?)"
         )

@@ -185,8 +185,17 @@ def wire_priority(key: float) -> int:
     return max(INT32[0], min(INT32[1], round(key * PRIORITY_SCALE)))
 
 
-def rewrite(route: str, parsed: Body, session: str, rid: str, priority: float | None, lend: bool) -> bytes:
-    """The upstream body: the client's, plus `rid`, the policy's priority and the engine extension's mark.
+def rewrite(
+    route: str,
+    parsed: Body,
+    session: str,
+    rid: str,
+    priority: float | None,
+    lend: bool,
+    extra: Mapping[str, Any] | None = None,
+) -> bytes:
+    """The upstream body: the client's, plus `rid`, the policy's priority, the engine extension's mark and
+    `extra` top-level fields (the PD bootstrap fields when the gateway addresses the engines directly).
 
     /generate carries `custom_params` inside `sampling_params`; the OpenAI routes at the top level
     (SGLang 0.5.23's ChatCompletionRequest/CompletionRequest copy it into the sampling parameters)."""
@@ -208,6 +217,7 @@ def rewrite(route: str, parsed: Body, session: str, rid: str, priority: float | 
     else:
         custom.pop(LEND_KEY, None)
     holder["custom_params"] = custom
+    body.update(extra or {})
     return parsed.encode()
 
 
