@@ -54,12 +54,13 @@ test-engine:
 
 # The live tests: a real SGLang prefill-decode pair on CPU behind sglang-router 0.3.2 (a few minutes; the
 # pair and the router take about 4 GB). The router comes from PyPI without dependencies (all in the venv).
-test-live:
+# The gateway in front of the pair runs from the main venv (BASIN_CLI), which has its dependencies.
+test-live: venv
 	bash engine_ext/make-venv.sh $(SGLANG_VENV)
 	$(SGLANG_VENV)/bin/pip install --quiet --no-deps --no-build-isolation -e .
 	$(SGLANG_VENV)/bin/python -c "import sglang_router" 2>/dev/null || \
 	  $(SGLANG_VENV)/bin/pip install --quiet --no-deps sglang-router==0.3.2
-	UCX_NET_DEVICES=lo $(SGLANG_VENV)/bin/python -m pytest -m live tests/engine
+	UCX_NET_DEVICES=lo BASIN_CLI=$(abspath $(BIN))/basin $(SGLANG_VENV)/bin/python -m pytest -m live tests/engine
 
 # The BasinDeployment CRD is generated from the operator's pydantic models; a unit test checks crds/ matches.
 crds: venv

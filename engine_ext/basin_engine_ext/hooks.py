@@ -42,12 +42,14 @@ Targets (dotted paths resolved by SGLang's HookRegistry, which also rebinds `fro
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from basin_engine_ext.config import LEND_KEY, SESSION_KEY, EngineExtConfig
 from basin_engine_ext.lending import DecodeLender
-from basin_engine_ext.metrics import EngineMetrics
 from basin_engine_ext.units import UnitStore
+
+if TYPE_CHECKING:  # prometheus_client is imported only in the scheduler (see `engine_metrics`)
+    from basin_engine_ext.metrics import EngineMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +101,12 @@ def engine_metrics() -> EngineMetrics | None:
     if not _State.config.metrics:
         return None
     if _State.metrics is None:
+        # Imported here, in the scheduler process: SGLang loads plugins in its HTTP process before it sets
+        # PROMETHEUS_MULTIPROC_DIR, and prometheus_client picks its value store on import, so importing
+        # it at plugin load hid SGLang's own tokenizer metrics (TTFT, e2e latency, prompt and cached
+        # tokens) from /metrics.
+        from basin_engine_ext.metrics import EngineMetrics
+
         _State.metrics = EngineMetrics.create(_sglang_labels())
     return _State.metrics
 

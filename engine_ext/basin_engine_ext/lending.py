@@ -17,12 +17,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from basin.tokens import common_prefix
-from basin_engine_ext.metrics import EngineMetrics
 from basin_engine_ext.units import Unit, UnitStore
+
+if TYPE_CHECKING:  # prometheus_client is imported only in the scheduler (see `engine_metrics`)
+    from basin_engine_ext.metrics import EngineMetrics
 
 
 @dataclass(frozen=True)

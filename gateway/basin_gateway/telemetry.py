@@ -69,11 +69,10 @@ def totals_from_metrics(text: str, loads: dict | None) -> dict[str, float]:
             if sample.name.endswith("_created") or not _label(sample.labels, role):
                 continue
             sums[field] += sample.value
-    # Every SGLang engine exports it (a decode engine too, under engine_type="decode", which adds nothing).
-    if "sglang:prompt_tokens" not in present:
-        raise TelemetryError(
-            "no sglang:prompt_tokens_total series (is this an SGLang engine with --enable-metrics?)"
-        )
+    # SGLang's labelled counters appear with their first request (a fresh engine has no
+    # sglang:prompt_tokens_total yet: it counts 0); an endpoint without any sglang:* series is no engine.
+    if not any(name.startswith("sglang:") for name in present):
+        raise TelemetryError("no sglang:* series (is this an SGLang engine with --enable-metrics?)")
     for record in (loads or {}).get("loads", []) or []:
         if isinstance(record, dict) and record.get("engine_type", "prefill") == "prefill":
             sums["prefill_backlog_tokens"] += float(record.get("num_waiting_uncached_tokens") or 0)
@@ -119,6 +118,11 @@ class PodEngines:
             raise TelemetryError(f"listing engine pods ({self.describe()}) failed: {exc}") from None
 
 
+# The gateway's HTTP client passes answers through undecoded (auto_decompress off, for proxying), and
+# SGLang's Prometheus endpoint gzips when asked: telemetry asks for plain text.
+PLAIN = {"Accept-Encoding": "identity"}
+
+
 class ScrapeSource:
     """Scrapes each engine URL's `/metrics` and `/v1/loads` (a static list, or found in Kubernetes)."""
 
@@ -155,12 +159,12 @@ class ScrapeSource:
     async def _one(self, url: str) -> dict[str, float]:
         base = url.rstrip("/")
         try:
-            async with self.http.get(f"{base}/metrics", timeout=self.timeout) as response:
+            async with self.http.get(f"{base}/metrics", timeout=self.timeout, headers=PLAIN) as response:
                 if response.status != 200:
                     raise TelemetryError(f"{base}/metrics answered {response.status}")
                 text = await response.text()
             loads = None
-            async with self.http.get(f"{base}/v1/loads", timeout=self.timeout) as response:
+            async with self.http.get(f"{base}/v1/loads", timeout=self.timeout, headers=PLAIN) as response:
                 if response.status == 200:
                     loads = await response.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:

@@ -110,3 +110,21 @@ def test_prefill_fetch_hooks_are_placed_on_sglangs_scheduler_only_with_a_unit_po
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == expected
+
+
+def test_loading_the_plugin_leaves_prometheus_client_unimported() -> None:
+    """SGLang loads plugins in its HTTP process before it sets PROMETHEUS_MULTIPROC_DIR; prometheus_client
+    picks its value store when imported, so a plugin that imports it there hides SGLang's own tokenizer
+    metrics (TTFT, e2e latency, prompt and cached tokens) from /metrics. Seen live: the gateway's hit
+    rate had no `sglang:prompt_tokens_total` to read."""
+    prelude = "import sglang.launch_server"
+    probe = PROBE.replace('print("patched"', 'print("prometheus_client" in sys.modules, "patched"')
+    out = subprocess.run(
+        [sys.executable, "-c", probe.format(prelude=prelude)],
+        env={**checkout_env(), "SGLANG_PLUGINS": "basin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("False patched")

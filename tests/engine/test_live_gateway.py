@@ -1,0 +1,102 @@
+"""The gateway live: `basin gateway run --prefill … --decode …` in front of the real SGLang pair of the
+`live_pair` fixture, addressing both engines directly. What each engine logs it received (SGLang's own
+request log) shows what the gateway's calls carry on every route, which through sglang-router 0.3.2 they
+do not (test_live.py, `test_router_carries`); the gateway's own telemetry reads both engines.
+
+The gateway runs from the project's main venv (`make test` builds it; BASIN_CLI names its `basin`): this
+SGLang venv has SGLang's dependencies, not the gateway's (Redis, scikit-learn)."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from test_live import basin, call_body, calls_since, poll
+
+pytestmark = [pytest.mark.live, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def main_venv_basin() -> str:
+    cli = os.environ.get("BASIN_CLI") or str(REPO / ".venv" / "bin" / "basin")
+    if not Path(cli).exists():
+        pytest.fail(f"no gateway to run: {cli} does not exist (run `make venv`, or set BASIN_CLI)")
+    return cli
+
+
+@pytest.fixture(scope="module")
+def live_gateway(live_pair: Any) -> Iterator[Any]:
+    sys.path.insert(0, str(REPO / "gateway"))
+    from basin_gateway.local import start_server
+
+    pair = live_pair
+    command = [
+        main_venv_basin(), "gateway", "run", "--host", "127.0.0.1", "--port", "0", "--policy", "basin",
+        "--prefill", pair.prefill_url, str(pair.bootstrap_port), "--decode", pair.decode_url,
+    ]  # fmt: skip
+    gateway = start_server(command, r"serving at http://127\.0\.0\.1:(\d+)", "the gateway")
+    yield gateway
+    gateway.stop()
+    assert "Traceback" not in gateway.text()
+
+
+def metric(url: str, name: str) -> float:
+    for line in requests.get(f"{url}/metrics", timeout=10).text.splitlines():
+        key, _, value = line.rpartition(" ")
+        if key == name:
+            return float(value)
+    return math.nan
+
+
+@pytest.mark.parametrize("route", ["/generate", "/v1/completions", "/v1/chat/completions"])
+def test_the_gateway_s_calls_reach_both_engines_with_every_field(
+    live_pair: Any, live_gateway: Any, route: str
+) -> None:
+    pair, session = live_pair, f"gateway{route.replace('/', '-')}"
+    rid, priority = f"g{route[-4:]}-1", 5
+    seen = {role: len(pair.received(role)) for role in ("prefill", "decode")}
+    units = basin(pair, "decode")["lent_units"]
+    body = {**call_body(route, session, rid, priority), "model": str(pair.model)}
+    answer = requests.post(
+        f"{live_gateway.url}{route}", json=body, headers={"X-Session-ID": session}, timeout=300
+    )
+    assert answer.status_code == 200, answer.text
+    entries = []
+    for role in ("prefill", "decode"):
+        new = poll(lambda role=role: calls_since(pair, role, seen[role]), f"{role} logs the {route} call")
+        assert len(new) == 1, new
+        entries.append(new[0]["obj"])
+    for obj in entries:
+        assert obj["rid"] == rid and obj["priority"] == priority
+        custom = (obj.get("sampling_params") or {}).get("custom_params") or {}
+        # the session's key is the gateway's; the client's own lending mark is not (only the policy lends)
+        assert custom.get("basin_session") == session and "basin_lend" not in custom
+    assert entries[0]["bootstrap_room"] == entries[1]["bootstrap_room"]  # the two halves of one call
+    assert basin(pair, "decode")["lent_units"] == units
+
+
+def test_the_gateway_reads_both_engines_telemetry(live_pair: Any, live_gateway: Any) -> None:
+    """Telemetry scraped from prefill and decode directly: fresh, with a measured hit rate."""
+    url = live_gateway.url
+    assert requests.get(f"{url}/ready", timeout=10).status_code == 200
+    poll(lambda: metric(url, "basin_gateway_telemetry_stale") == 0, "fresh telemetry", 120)
+    poll(lambda: math.isfinite(metric(url, "basin_gateway_telemetry_hit_rate")), "a hit rate", 120)
+    assert metric(url, "basin_gateway_telemetry_failures_total") == 0
+
+
+def test_sglang_s_own_request_metrics_survive_the_plugin(live_pair: Any, live_gateway: Any) -> None:
+    """SGLang's HTTP-process metrics (prompt and cached tokens, TTFT) are on /metrics beside the
+    scheduler's: the plugin no longer imports prometheus_client before SGLang sets its multiprocess
+    folder (tests/engine/test_plugin.py). The gateway's hit rate reads the first two."""
+    for role in ("prefill", "decode"):
+        names = live_pair.metrics(role)
+        for name in ("sglang:prompt_tokens_total", "sglang:cached_tokens_total"):
+            assert name in names, (role, name)
+    assert live_pair.metrics("decode")["sglang:time_to_first_token_seconds_count"] > 0
