@@ -6,6 +6,7 @@ Prometheus Operator's API exists. Sample dashboards and rule files go into a thr
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -312,3 +313,32 @@ def test_monitors_match_the_children_the_operator_builds() -> None:
         pod = by[("Deployment", f"x-{role}")]["spec"]["template"]
         assert pod["metadata"]["labels"]["app.kubernetes.io/component"] == role
         assert "http" in {p["name"] for p in pod["spec"]["containers"][0]["ports"]}
+
+
+def _leaves(values: dict[str, Any], prefix: str = "") -> list[str]:
+    out: list[str] = []
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        out += _leaves(value, f"{path}.") if isinstance(value, dict) and value else [path]
+    return out
+
+
+def test_the_values_table_in_docs_install_is_complete_and_current() -> None:
+    """Every value is documented (itself or a parent map), and every documented value exists."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    table = [
+        line
+        for line in (REPO / "docs" / "install.md").read_text().split("## Values", 1)[1].splitlines()
+        if line.startswith("| `")
+    ]
+    documented = {name for line in table for name in re.findall(r"`([A-Za-z][\w.]*)`", line.split(" | ")[0])}
+    for leaf in _leaves(values):
+        parts = leaf.split(".")
+        assert any(".".join(parts[:n]) in documented for n in range(1, len(parts) + 1)), leaf
+    for name in documented:
+        node: Any = values
+        for part in name.split("."):
+            assert isinstance(node, dict) and part in node, (
+                f"docs/install.md names {name}, not in values.yaml"
+            )
+            node = node[part]
