@@ -146,6 +146,23 @@ def test_helm_install_runs_the_operator_under_the_chart_s_rbac_and_uninstall_nev
     text = operator.text()
     assert "Traceback" not in text and "Forbidden" not in text and " 403" not in text, text[-6000:]
 
+    # An upgrade replaces the operator's pod template in place (still Recreate, still one replica).
+    helm(
+        cluster,
+        "upgrade",
+        release,
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--reuse-values",
+        "--set",
+        "operator.verbose=true",
+    )
+    upgraded = cluster.apps.read_namespaced_deployment(full, namespace)
+    assert "--verbose" in upgraded.spec.template.spec.containers[0].args
+    assert upgraded.metadata.generation > deployment.metadata.generation
+    assert upgraded.spec.strategy.type == "Recreate"
+
     # Uninstalling with a BasinDeployment still present completes promptly: nothing waits on it.
     started = time.monotonic()
     helm(cluster, "uninstall", release, "--namespace", namespace, "--timeout", "60s", timeout=120)
