@@ -85,18 +85,18 @@ def test_the_gateway_s_calls_reach_both_engines_with_every_field(
 def test_the_gateway_reads_both_engines_telemetry(live_pair: Any, live_gateway: Any) -> None:
     """Telemetry scraped from prefill and decode directly: fresh, with a measured hit rate."""
     url = live_gateway.url
-    assert requests.get(f"{url}/ready", timeout=10).status_code == 200
+    # SGLang's /health runs a short generation: on a busy CPU it may miss the gateway's 2 s bound once
+    poll(lambda: requests.get(f"{url}/ready", timeout=10).status_code == 200, "ready", 60)
     poll(lambda: metric(url, "basin_gateway_telemetry_stale") == 0, "fresh telemetry", 120)
     poll(lambda: math.isfinite(metric(url, "basin_gateway_telemetry_hit_rate")), "a hit rate", 120)
     assert metric(url, "basin_gateway_telemetry_failures_total") == 0
 
 
 def test_sglang_s_own_request_metrics_survive_the_plugin(live_pair: Any, live_gateway: Any) -> None:
-    """SGLang's HTTP-process metrics (prompt and cached tokens, TTFT) are on /metrics beside the
-    scheduler's: the plugin no longer imports prometheus_client before SGLang sets its multiprocess
-    folder (tests/engine/test_plugin.py). The gateway's hit rate reads the first two."""
+    """SGLang's HTTP-process metrics (prompt tokens, TTFT) are on /metrics beside the scheduler's: the
+    plugin no longer imports prometheus_client before SGLang sets its multiprocess folder
+    (tests/engine/test_plugin.py). The gateway's hit rate reads prompt and cached tokens (the latter
+    appears with the first cache hit)."""
     for role in ("prefill", "decode"):
-        names = live_pair.metrics(role)
-        for name in ("sglang:prompt_tokens_total", "sglang:cached_tokens_total"):
-            assert name in names, (role, name)
+        assert live_pair.metrics(role)["sglang:prompt_tokens_total"] > 0, role
     assert live_pair.metrics("decode")["sglang:time_to_first_token_seconds_count"] > 0
