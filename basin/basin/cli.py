@@ -1452,6 +1452,13 @@ def gateway_group() -> None:
     metavar="URL",
     help="Address this decode engine directly (repeatable; with --prefill). Env: BASIN_DECODE_ENGINES.",
 )
+@click.option(
+    "--direct",
+    is_flag=True,
+    default=None,
+    help="Address the Ready engine pods found by BASIN_PREFILL_SELECTOR/BASIN_DECODE_SELECTOR directly"
+    " (prefill bootstrap on BASIN_BOOTSTRAP_PORT, default 8998). Env: BASIN_DIRECT_ENGINES=1.",
+)
 @click.option("--host", default=None, help="Address to listen on. Env: BASIN_GATEWAY_HOST. Default: 0.0.0.0.")
 @click.option(
     "--port", type=int, default=None, help="Port (0: any free one). Env: BASIN_GATEWAY_PORT. Default: 8080."

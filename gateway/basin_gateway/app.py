@@ -29,7 +29,8 @@ from basin_gateway.brain import FORWARD, PARK, REJECT, SHED, Verdict
 from basin_gateway.coordinator import Coordinator
 from basin_gateway.metrics import GatewayMetrics
 from basin_gateway.settings import Settings
-from basin_gateway.upstream import PrefillEngine, Target, Upstreams, bootstrap_fields
+from basin_gateway.telemetry import PodEngines
+from basin_gateway.upstream import EnginePods, PrefillEngine, Target, Upstreams, bootstrap_fields
 from basin_gateway.wire import (
     ROUTES,
     BadInput,
@@ -257,6 +258,13 @@ async def proxy(request: web.Request) -> web.StreamResponse:
     bypass = request.headers.get(BYPASS_HEADER) == "1"
     if bypass and not _is_admin(request, settings):
         return error(403, "forbidden", f"{BYPASS_HEADER} needs the admin token in {ADMIN_HEADER}")
+    target = gateway.upstreams.pick(sid)
+    if target is None:
+        return error(
+            503,
+            "no-engines",
+            f"no Ready prefill and decode engine is known yet: calls go {gateway.upstreams.describe()}",
+        )
     if bypass:
         verdict = Verdict(FORWARD)
     else:
@@ -266,7 +274,6 @@ async def proxy(request: web.Request) -> web.StreamResponse:
     if verdict.waited is not None:
         metrics.first_call_wait.observe(verdict.waited)
     directives = verdict.directives
-    target = gateway.upstreams.pick(sid)
     upstream_body = rewrite(
         route,
         body,
@@ -541,7 +548,8 @@ async def ready(request: web.Request) -> web.Response:
     if time.monotonic() - gateway.ready_checked > 1.0:
         gateway.ready_checked = time.monotonic()
         servers = gateway.upstreams.engines()
-        gateway.upstream_ok = all(await asyncio.gather(*(_healthy(gateway, s) for s in servers)))
+        healthy = await asyncio.gather(*(_healthy(gateway, s) for s in servers))
+        gateway.upstream_ok = gateway.upstreams.pick("") is not None and all(healthy)
     state = {"upstream": gateway.upstream_ok, **gateway.coordinator.describe()}
     if not gateway.upstream_ok:
         return error(503, "upstream-unavailable", f"the upstream is not healthy: {state}")
@@ -561,7 +569,7 @@ async def passthrough_get(request: web.Request) -> web.StreamResponse:
     assert gateway.http is not None
     try:
         async with gateway.http.get(
-            f"{gateway.upstreams.pick('').url}{request.path}",
+            f"{(gateway.upstreams.pick('') or Target(gateway.upstreams.router)).url}{request.path}",
             timeout=aiohttp.ClientTimeout(total=10),
             headers=forward_headers(request.headers, "X-Basin-None", ""),
         ) as r:
@@ -588,6 +596,21 @@ def create_app(gateway: Gateway) -> web.Application:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=60)
         gateway.http = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         await gateway.coordinator.start(gateway.http)
+        if gateway.upstreams.direct and not settings.decode:  # the engine pods, by the operator's selectors
+            pods = EnginePods(
+                gateway.upstreams,
+                *(
+                    PodEngines(
+                        settings.namespace or "default",
+                        (selector,),
+                        settings.engine_port,
+                        settings.kubeconfig,
+                    )
+                    for selector in (settings.prefill_selector, settings.decode_selector)
+                ),
+                settings.bootstrap_port,
+            )
+            gateway.spawn(pods.run())
         yield
         await gateway.coordinator.stop()
         for task in list(gateway.tasks):

@@ -45,6 +45,8 @@ class Settings:
     # Address the engines directly instead of the router (basin_gateway/upstream.py): both or neither.
     prefill: tuple[PrefillEngine, ...] = ()
     decode: tuple[str, ...] = ()
+    direct: bool = False  # address the Ready engine pods found by the selectors (or the lists above)
+    bootstrap_port: int = 8998  # the prefill pods' bootstrap port (the operator's engines use 8998)
     host: str = "0.0.0.0"
     port: int = 8080
     metrics_port: int | None = None  # /metrics and health on their own port too
@@ -89,6 +91,13 @@ class Settings:
             raise BasinError(f"--upstream must be an http(s) URL, got {self.upstream!r}")
         if bool(self.prefill) != bool(self.decode):
             raise BasinError("addressing the engines directly needs both --prefill and --decode")
+        if self.direct and not self.decode and not (self.prefill_selector and self.decode_selector):
+            raise BasinError(
+                "--direct needs the engines: --prefill and --decode, or the pod selectors"
+                " BASIN_PREFILL_SELECTOR and BASIN_DECODE_SELECTOR"
+            )
+        if not 0 < self.bootstrap_port < 65536:
+            raise BasinError(f"the bootstrap port must be between 1 and 65535, got {self.bootstrap_port}")
         name = ALIASES.get(self.policy, self.policy)
         if name in REFUSED_POLICIES:
             raise BasinError(f"policy {self.policy!r} cannot run live: {REFUSED_POLICIES[name]}")
@@ -144,6 +153,7 @@ def from_environment(env: Mapping[str, str] | None = None, **flags: object) -> S
         ("BASIN_GATEWAY_PORT", "port"),
         ("BASIN_ENGINE_PORT", "engine_port"),
         ("BASIN_GATEWAY_METRICS_PORT", "metrics_port"),
+        ("BASIN_BOOTSTRAP_PORT", "bootstrap_port"),
     ):
         number = _float(env, name)
         if number is not None:
@@ -156,6 +166,8 @@ def from_environment(env: Mapping[str, str] | None = None, **flags: object) -> S
         number = _float(env, name)
         if number is not None:
             values[attr] = number
+    if env.get("BASIN_DIRECT_ENGINES"):
+        values["direct"] = env["BASIN_DIRECT_ENGINES"].strip().lower() in ("1", "true", "yes")
     if env.get("BASIN_PREFILL_ENGINES"):
         values["prefill"] = parse_prefill_list(env["BASIN_PREFILL_ENGINES"])
     if env.get("BASIN_DECODE_ENGINES"):

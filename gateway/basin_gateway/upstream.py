@@ -12,16 +12,21 @@ and decode engines (a stable hash of its id), so its growing prefix is found whe
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import logging
 import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from basin.errors import BasinError
+from basin_gateway.telemetry import PodEngines, TelemetryError
 
 if TYPE_CHECKING:
     from basin_gateway.settings import Settings
+
+log = logging.getLogger("basin.gateway")
 
 
 @dataclass(frozen=True)
@@ -88,24 +93,33 @@ def _index(session: str, count: int) -> int:
 
 
 class Upstreams:
-    """The router, or the prefill and decode engines; which one answers a session's calls."""
+    """The router, or the prefill and decode engines (a static list, or the Ready engine pods the gateway
+    finds by the operator's selectors: `update` replaces them); which one answers a session's calls."""
 
-    def __init__(self, router: str, prefill: tuple[PrefillEngine, ...], decode: tuple[str, ...]) -> None:
+    def __init__(
+        self, router: str, prefill: tuple[PrefillEngine, ...], decode: tuple[str, ...], direct: bool = False
+    ) -> None:
         self.router = router.rstrip("/")
         self.prefill = prefill
         self.decode = decode
+        self.direct = direct or bool(decode)
 
     @classmethod
     def of(cls, settings: Settings) -> Upstreams:
-        return cls(settings.upstream, settings.prefill, settings.decode)
+        return cls(settings.upstream, settings.prefill, settings.decode, settings.direct)
 
-    @property
-    def direct(self) -> bool:
-        return bool(self.decode)
+    def update(self, prefill: tuple[PrefillEngine, ...], decode: tuple[str, ...]) -> bool:
+        """New engine lists (from the pods); whether they changed."""
+        changed = (prefill, decode) != (self.prefill, self.decode)
+        self.prefill, self.decode = prefill, decode
+        return changed
 
-    def pick(self, session: str) -> Target:
+    def pick(self, session: str) -> Target | None:
+        """The session's target; None while direct addressing knows no prefill or no decode engine."""
         if not self.direct:
             return Target(self.router)
+        if not self.prefill or not self.decode:
+            return None
         return Target(
             self.decode[_index(session, len(self.decode))],
             self.prefill[_index(session, len(self.prefill))],
@@ -121,6 +135,8 @@ class Upstreams:
     def describe(self) -> str:
         if not self.direct:
             return f"through the router {self.router}"
+        if not self.decode and not self.prefill:
+            return "directly to the engine pods found by the operator's selectors"
         prefill = ", ".join(f"{p.url} (bootstrap {p.bootstrap_port})" for p in self.prefill)
         return f"directly: prefill {prefill}; decode {', '.join(self.decode)}"
 
@@ -132,3 +148,37 @@ def bootstrap_fields(prefill: PrefillEngine) -> dict[str, str | int]:
         "bootstrap_port": prefill.bootstrap_port,
         "bootstrap_room": random.getrandbits(63),
     }
+
+
+class EnginePods:
+    """Keeps `upstreams` on the Ready engine pods the operator's selectors find (prefill pods serve their
+    bootstrap on `bootstrap_port`), re-listed every `refresh_s` wall seconds. A failed listing keeps the
+    last lists, and says so in the log."""
+
+    def __init__(
+        self,
+        upstreams: Upstreams,
+        prefill: PodEngines,
+        decode: PodEngines,
+        bootstrap_port: int,
+        refresh_s: float = 10.0,
+    ) -> None:
+        self.upstreams = upstreams
+        self.prefill = prefill
+        self.decode = decode
+        self.bootstrap_port = bootstrap_port
+        self.refresh_s = refresh_s
+
+    async def refresh(self) -> None:
+        prefill, decode = await asyncio.gather(self.prefill.urls(), self.decode.urls())
+        engines = tuple(PrefillEngine(url, self.bootstrap_port) for url in prefill)
+        if self.upstreams.update(engines, decode):
+            log.info("calls go %s", self.upstreams.describe())
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.refresh()
+            except TelemetryError as exc:
+                log.warning("engine pods: %s; calls keep going %s", exc, self.upstreams.describe())
+            await asyncio.sleep(self.refresh_s)

@@ -375,6 +375,9 @@ def gateway_env(name: str, spec: BasinDeploymentSpec) -> list[Manifest]:
     if spec.emulator.enabled:
         # One emulator pod answers for both roles; its /metrics labels each series with engine_type.
         values["BASIN_ENGINES_EMULATED"] = "1"
+    elif spec.gateway.addressing == "direct":
+        values["BASIN_DIRECT_ENGINES"] = "1"
+        values["BASIN_BOOTSTRAP_PORT"] = str(c.BOOTSTRAP_PORT)
     if spec.gateway.predictor is not None:
         values["BASIN_PREDICTOR_PATH"] = f"{c.PREDICTOR_MOUNT}/{spec.gateway.predictor.key}"
     env: list[Manifest] = [{"name": k, "value": v} for k, v in values.items()]

@@ -189,6 +189,15 @@ class GatewaySpec(ApiModel):
     predictor: PredictorSource | None = Field(
         None, description="Trained predictor to mount; without it the gateway uses its built-in default."
     )
+    addressing: Literal["direct", "router"] = Field(
+        "direct",
+        description=(
+            "How calls reach the engines: direct (the gateway posts each call to a Ready prefill pod and a"
+            " Ready decode pod with the PD bootstrap fields, as the router's PD mode does, so lending marks,"
+            " priorities and rids reach the engines on every route) or router (through the SGLang router,"
+            " which drops some of them; docs/gateway.md)."
+        ),
+    )
 
 
 class SecretKeyRef(ApiModel):

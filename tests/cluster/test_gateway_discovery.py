@@ -75,3 +75,41 @@ def test_engines_are_found_by_the_operator_s_selectors(cluster: Cluster, namespa
         assert "Traceback" not in gateway.text()
     finally:
         emulator.stop()
+
+
+def test_calls_go_directly_to_the_ready_engine_pods(cluster: Cluster, namespace: str) -> None:
+    """`BASIN_DIRECT_ENGINES=1` (what the operator sets): no call is placed until a prefill and a decode pod
+    are Ready, then each call's two halves reach them with the prefill pod's bootstrap port."""
+    from test_gateway_direct import Engine
+
+    engine = Engine()  # both pods' IP and port lead to it: it receives both halves of each call
+    env = {
+        "BASIN_KUBECONFIG": cluster.kubeconfig,
+        "BASIN_NAMESPACE": namespace,
+        "BASIN_PREFILL_SELECTOR": "basin.dev/role=prefill",
+        "BASIN_DECODE_SELECTOR": "basin.dev/role=decode",
+        "BASIN_ENGINE_PORT": str(engine.stub.port),
+        "BASIN_DIRECT_ENGINES": "1",
+        "BASIN_BOOTSTRAP_PORT": "8998",
+    }
+    _pod(cluster, namespace, "prefill-0", "prefill", ready=True)
+    gateway = start_gateway("http://127.0.0.1:9", "--policy", "passthrough", env=env)
+    try:
+        body = {"text": "fix it", "sampling_params": {"max_new_tokens": 1}}
+        refused = requests.post(f"{gateway.url}/generate", json=body, timeout=30)
+        assert refused.status_code == 503 and refused.headers["X-Basin-Reason"] == "no-engines"
+        assert requests.get(f"{gateway.url}/ready", timeout=10).status_code == 503
+        _pod(cluster, namespace, "decode-0", "decode", ready=True)
+        wait_for(lambda: f"; decode {engine.stub.url}" in gateway.text(), "the decode pod's discovery", 30)
+        answer = requests.post(
+            f"{gateway.url}/generate", json=body, headers={"X-Session-ID": "s"}, timeout=30
+        )
+        assert answer.status_code == 200
+        wait_for(lambda: len(engine.generations()) == 2, "both halves")
+        halves = engine.generations()
+        assert halves[0] == halves[1] and halves[0]["bootstrap_port"] == 8998
+        assert halves[0]["bootstrap_host"] == "127.0.0.1"
+        wait_for(lambda: requests.get(f"{gateway.url}/ready", timeout=10).status_code == 200, "ready")
+    finally:
+        gateway.stop()
+    assert "Traceback" not in gateway.text()

@@ -76,3 +76,30 @@ def test_the_operator_s_environment_names_the_engines() -> None:
     assert settings.prefill == PREFILL and settings.decode == DECODE
     with pytest.raises(BasinError, match="URL BOOTSTRAP_PORT"):
         parse_prefill_list("http://10.0.0.1:30000")
+
+
+def test_direct_addressing_without_known_engines_picks_nothing_until_pods_are_found() -> None:
+    upstreams = Upstreams("http://router:30000", (), (), direct=True)
+    assert upstreams.pick("s1") is None and upstreams.engines() == ()
+    assert "found by the operator's selectors" in upstreams.describe()
+    assert upstreams.update(PREFILL, DECODE)
+    assert not upstreams.update(PREFILL, DECODE)  # nothing changed
+    assert upstreams.pick("s1") is not None
+    assert upstreams.update(PREFILL, ())  # every decode pod gone: no call can be placed
+    assert upstreams.pick("s1") is None
+
+
+def test_direct_addressing_needs_engines_or_selectors() -> None:
+    with pytest.raises(BasinError, match="--direct needs the engines"):
+        Settings(direct=True)
+    with pytest.raises(BasinError, match="bootstrap port"):
+        Settings(bootstrap_port=0)
+    env = {
+        "BASIN_DIRECT_ENGINES": "1",
+        "BASIN_BOOTSTRAP_PORT": "9000",
+        "BASIN_PREFILL_SELECTOR": "role=prefill",
+        "BASIN_DECODE_SELECTOR": "role=decode",
+    }
+    settings = from_environment(env)
+    assert settings.direct and settings.bootstrap_port == 9000
+    assert Upstreams.of(settings).direct

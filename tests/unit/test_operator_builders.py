@@ -114,6 +114,22 @@ def test_gateway_configuration() -> None:
     }
 
 
+def gateway_env(s: BasinDeploymentSpec) -> dict[str, str | None]:
+    pod = builders.build_gateway_deployment("x", "ns", s)["spec"]["template"]["spec"]
+    return {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+
+
+def test_the_gateway_addresses_the_engine_pods_directly_unless_told_to_use_the_router() -> None:
+    direct = gateway_env(spec())
+    assert direct["BASIN_DIRECT_ENGINES"] == "1" and direct["BASIN_BOOTSTRAP_PORT"] == "8998"
+    assert direct["BASIN_ENGINE_PORT"] == "30000" and "prefill" in str(direct["BASIN_PREFILL_SELECTOR"])
+    assert "BASIN_DIRECT_ENGINES" not in gateway_env(spec(gateway={"addressing": "router"}))
+    # one emulator pod stands for both roles behind the router's Service: nothing to address directly
+    assert "BASIN_DIRECT_ENGINES" not in gateway_env(spec(emulator={"enabled": True}))
+    with pytest.raises(ValueError, match="addressing"):
+        spec(gateway={"addressing": "sideways"})
+
+
 def test_spec_hash_and_fingerprint() -> None:
     a = by_key(builders.build_children("x", "ns", spec()))
     b = by_key(builders.build_children("x", "ns", spec(prefill={"replicas": 2})))
