@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 from typing import Any
 
 from basin_operator import constants as c
@@ -382,6 +383,7 @@ def gateway_env(name: str, spec: BasinDeploymentSpec) -> list[Manifest]:
         values["BASIN_PREDICTOR_PATH"] = f"{c.PREDICTOR_MOUNT}/{spec.gateway.predictor.key}"
     env: list[Manifest] = [{"name": k, "value": v} for k, v in values.items()]
     env.append({"name": "BASIN_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}})
+    env.append(admin_token_env(name))
     secret = spec.redis.password_secret
     if spec.redis.mode == "external" and secret is not None:
         env.append(
@@ -497,6 +499,28 @@ def profile_job_name(name: str, fingerprint: str, attempt: int) -> str:
     return f"{c.child_name(name, 'profile')}-{fingerprint}-{attempt}"
 
 
+def build_admin_secret(name: str, namespace: str) -> Manifest:
+    """The shared secret the gateway and the profiling Job both read: with it the profiler's ramp calls
+    bypass the gateway's controls (`X-Basin-Bypass`), and an admin may end sessions. Created once with a
+    fresh random token and never rewritten (the operator creates it, it does not apply it)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": c.child_name(name, "gateway-admin"),
+            "namespace": namespace,
+            "labels": labels(name, "gateway"),
+        },
+        "type": "Opaque",
+        "stringData": {c.ADMIN_TOKEN_KEY: secrets.token_urlsafe(32)},
+    }
+
+
+def admin_token_env(name: str) -> Manifest:
+    ref = {"name": c.child_name(name, "gateway-admin"), "key": c.ADMIN_TOKEN_KEY}
+    return {"name": "BASIN_ADMIN_TOKEN", "valueFrom": {"secretKeyRef": ref}}
+
+
 def build_profile_job(
     name: str,
     namespace: str,
@@ -528,6 +552,7 @@ def build_profile_job(
     }
     env: list[Manifest] = [{"name": k, "value": v} for k, v in values.items()]
     env.append({"name": "BASIN_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}})
+    env.append(admin_token_env(name))
     job_labels = {**labels(name, "profiler"), c.LABEL_FINGERPRINT: fingerprint}
     container = {
         "name": "profiler",

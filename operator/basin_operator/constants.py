@@ -34,6 +34,7 @@ BOOTSTRAP_PORT_ANNOTATION = "sglang.ai/bootstrap-port"
 # Ports of the children.
 ENGINE_PORT = 30000
 BOOTSTRAP_PORT = 8998
+ADMIN_TOKEN_KEY = "token"  # in the <name>-gateway-admin Secret
 UNIT_PORT = 8997  # the engine extension's unit service (decode) and fetch target (prefill), plus TP rank
 ROUTER_PORT = 8000
 ROUTER_METRICS_PORT = 29000

@@ -130,6 +130,12 @@ def reconcile(name: str, namespace: str, emit: Emit, logger: Any) -> None:
         _write_status(obj, raw_status, kept, conditions)
         return
 
+    admin = builders.build_admin_secret(name, namespace)
+    kopf.adopt(admin, owner=obj)
+    if kube.create(admin):  # created once: its random token is never replaced
+        emit("Normal", "Created", f"created Secret {admin['metadata']['name']}")
+        logger.info(f"created Secret {admin['metadata']['name']}")
+
     for manifest in builders.build_children(name, namespace, spec):
         kopf.adopt(manifest, owner=obj)
         result = kube.ensure(manifest)

@@ -4,7 +4,8 @@ or an emulator), the ConfigMap (`BASIN_NAMESPACE`, `BASIN_PROFILE_CONFIGMAP`, `B
 BasinDeployment Events are about (`BASIN_DEPLOYMENT`), the fingerprint to write back, the ramp
 (`BASIN_PROFILE_WORKLOAD`, `_RAMPS`, `_STEPS`, `_STEP_SECONDS` with 0 for settle-detected steps,
 `_BUDGET_MINUTES`, `_TIME_SCALE`, `_API`, `_SEED`, `_TOP_RATE`) and the shape (`BASIN_GPU_KIND`,
-`BASIN_PREFILL_REPLICAS`, `BASIN_DECODE_REPLICAS`, `BASIN_HOST_RATIO`).
+`BASIN_PREFILL_REPLICAS`, `BASIN_DECODE_REPLICAS`, `BASIN_HOST_RATIO`); `BASIN_ADMIN_TOKEN`, the gateway's
+admin token, makes the ramp's calls bypass the gateway's controls.
 
 Credentials: in-cluster (the Job's ServiceAccount), else `$KUBECONFIG`. Bad configuration is one line on
 stderr, written as the failure reason where possible, and exit status 2.
@@ -24,6 +25,7 @@ from basin_profiler.ramp import DEFAULT_BUDGET_MINUTES, RampSettings
 from basin_profiler.run import Outputs, Shape, execute
 
 EXIT_BAD_CONFIG = 2
+BYPASS_HEADER, ADMIN_HEADER = "X-Basin-Bypass", "X-Basin-Admin-Token"  # the gateway's (basin_gateway.app)
 T = TypeVar("T")
 
 
@@ -44,6 +46,16 @@ def _required(env: Mapping[str, str], name: str) -> str:
     return value
 
 
+def ramp_headers(env: Mapping[str, str]) -> dict[str, str]:
+    """Through the gateway the ramp must not be admitted, ordered or shed by it: the bypass header, which
+    the gateway honours only with the admin token the operator shares between the two. None when the
+    ramp goes elsewhere (`BASIN_PROFILE_TARGET`) or no token is given."""
+    token = env.get("BASIN_ADMIN_TOKEN", "").strip()
+    if not token or env.get("BASIN_PROFILE_TARGET", "").strip():
+        return {}
+    return {BYPASS_HEADER: "1", ADMIN_HEADER: token}
+
+
 def destination(env: Mapping[str, str]) -> configmap.Destination:
     return configmap.Destination(
         namespace=_required(env, "BASIN_NAMESPACE"),
@@ -62,6 +74,7 @@ def main(env: Mapping[str, str] | None = None) -> int:
     try:
         dest = destination(env)
         target = env.get("BASIN_PROFILE_TARGET", "").strip() or _required(env, "BASIN_GATEWAY_URL")
+        headers = ramp_headers(env)
         workload = env.get("BASIN_PROFILE_WORKLOAD", "").strip() or "terminal-bench"
         step_seconds = _value(env, "BASIN_PROFILE_STEP_SECONDS", float, 720.0)
         if step_seconds is not None and step_seconds < 0:
@@ -102,6 +115,7 @@ def main(env: Mapping[str, str] | None = None) -> int:
             api=api,
             fingerprint=fingerprint,
             deployment_name=env.get("BASIN_DEPLOYMENT", "").strip(),
+            headers=headers,
         )
         return execute(
             target, shape, pool, settings_for, time_scale, Outputs(destination=dest), True, echo, fingerprint

@@ -29,7 +29,7 @@ import dataclasses
 import datetime as dt
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +83,7 @@ class RampSettings:
     max_errors: int = 50
     fingerprint: str = ""
     deployment_name: str = ""
+    headers: Mapping[str, str] = field(default_factory=dict)  # sent with every call (ReplayConfig.headers)
 
     def __post_init__(self) -> None:
         if self.ramps < 1 or self.steps < 3:
@@ -345,6 +346,7 @@ class LiveRun:
                 max_errors=s.max_errors,
                 model=s.model,
                 cache_tokens=cache_tokens,
+                headers=s.headers,
                 # the simulator's warm start: the steady population at the first rate, caches primed
                 warm_sessions=estimate_warm_sessions(s.deployment, pool, p.rates[0]),
             )

@@ -19,7 +19,7 @@ import contextlib
 import math
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +63,9 @@ class ReplayConfig:
     # draws); each first sends its previous prompt for one token so the server caches it, as the
     # simulator's warm start leaves it cached.
     warm_sessions: int = 0
+    # Sent with every call: the profiling Job's bypass of the gateway's controls (`X-Basin-Bypass` with
+    # the admin token the operator shares between the two).
+    headers: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.api not in ("openai", "sglang"):
@@ -322,7 +325,11 @@ class Replay:
         self, record: SessionRecord, index: int, prompt: list[int], output_tokens: int, final: bool
     ) -> tuple[_Answer, CallRecord]:
         """Send one call, waiting out 429s; returns the answer and the call's record."""
-        headers = {SESSION_HEADER: record.session_id, "Content-Type": "application/json"}
+        headers = {
+            **self.config.headers,
+            SESSION_HEADER: record.session_id,
+            "Content-Type": "application/json",
+        }
         if final:
             headers[FINAL_HEADER] = "1"
         url, body = self._request(prompt, output_tokens)

@@ -98,7 +98,11 @@ def job_environment(cluster: Cluster, namespace: str, job: str) -> dict[str, str
     assert container.command == ["python", "-m", "basin_profiler"]
     env = {}
     for item in container.env:
-        if item.value_from is not None:
+        if item.value_from is not None and item.value_from.secret_key_ref is not None:
+            ref = item.value_from.secret_key_ref  # the gateway's admin token, in the Secret the operator made
+            secret = cluster.core.read_namespaced_secret(ref.name, namespace)
+            env[item.name] = base64.b64decode(secret.data[ref.key]).decode()
+        elif item.value_from is not None:
             assert item.value_from.field_ref.field_path == "metadata.namespace"
             env[item.name] = namespace
         else:
@@ -156,6 +160,10 @@ def test_the_job_profiles_the_emulator_and_the_operator_takes_it(
         "BASIN_PROFILE_API": "sglang",
     }
     assert env["BASIN_PROFILE_FINGERPRINT"] == first["fingerprint"] and env["BASIN_HOST_RATIO"] == "0.0"
+    # The gateway and the Job share the admin token the operator created once (the ramp's bypass).
+    gateway = cluster.apps.read_namespaced_deployment("x-gateway", namespace).spec.template.spec.containers[0]
+    (token_ref,) = [e.value_from.secret_key_ref for e in gateway.env if e.name == "BASIN_ADMIN_TOKEN"]
+    assert token_ref.name == "x-gateway-admin" and len(env["BASIN_ADMIN_TOKEN"]) >= 32
 
     # The Job's identity may write the profile ConfigMap and Events, and nothing else.
     auth = client.AuthorizationV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
@@ -195,7 +203,9 @@ def test_the_job_profiles_the_emulator_and_the_operator_takes_it(
     set_pods_ready(cluster, namespace, "x", "decode", 2)  # else the serving 1P1D would be profiled again
     second = running_job(cluster, namespace, "x", exclude=(first["job"],))
     down = f"http://127.0.0.1:{free_port()}"
+    token = env["BASIN_ADMIN_TOKEN"]
     env = {**job_environment(cluster, namespace, second["job"]), "KUBECONFIG": str(kubeconfig)}
+    assert env["BASIN_ADMIN_TOKEN"] == token  # created once, never replaced by a reconcile
     result = run_entrypoint({**env, "BASIN_PROFILE_TARGET": down})
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "profile failed: target" in result.stderr and "unreachable" in result.stderr
