@@ -14,13 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
 from basin.errors import BasinError
 from basin.fluid import FluidModel, FluidParameters, analyze
-from basin.sim.deployments import GPUS, Deployment
+from basin.profile_schema import ProfileDocument
+from basin.sim.costs import prefill_seconds
+from basin.sim.deployments import GPUS, Deployment, GpuCalibration
 from basin.workload.model import Session
 
 STEP_MIN = 1 / 12  # integration step of the population balance, minutes (5 s)
@@ -113,12 +115,99 @@ def splits(gpus: int) -> list[tuple[int, int]]:
     return [(p, gpus - p) for p in range(1, gpus)]
 
 
-def deployment_for(gpu: str, prefill: int, decode: int, host_tier: float) -> Deployment:
-    if gpu not in GPUS:
-        raise BasinError(f"unknown GPU {gpu!r}; choose {', '.join(GPUS)}")
-    deployment = Deployment(f"{gpu}-{prefill}p{decode}d", GPUS[gpu], prefill, decode, host_tier=host_tier)
+def deployment_for(gpu: str | GpuCalibration, prefill: int, decode: int, host_tier: float) -> Deployment:
+    """A split of `gpu` (a preset's name, or a calibration such as `Basis.gpu` from a profile)."""
+    if isinstance(gpu, str):
+        if gpu not in GPUS:
+            raise BasinError(f"unknown GPU {gpu!r}; choose {', '.join(GPUS)}")
+        gpu = GPUS[gpu]
+    deployment = Deployment(f"{gpu.name}-{prefill}p{decode}d", gpu, prefill, decode, host_tier=host_tier)
     deployment.validate()
     return deployment
+
+
+@dataclass(frozen=True)
+class Basis:
+    """Where a plan's κ and capacities come from: a GPU preset, or a live profile (`--profile`).
+
+    A profile measures one deployment; its capacities are aggregates over its replicas, so they are
+    divided back to one instance and every split is built from those instances. Its prefill rate
+    rescales the preset's prefill cost (position dependence kept); decode costs stay the preset's,
+    since a profile does not measure them."""
+
+    gpu: GpuCalibration
+    kappa: float
+    source: str  # "presets" or "profile"
+    profile: ProfileDocument | None = None
+    path: str | None = None
+
+    @classmethod
+    def presets(cls, gpu: str, kappa: float = 1.0) -> Basis:
+        if gpu not in GPUS:
+            raise BasinError(f"unknown GPU {gpu!r}; choose {', '.join(GPUS)}")
+        if kappa <= 0:
+            raise BasinError(f"--kappa must be positive, got {kappa}")
+        return cls(GPUS[gpu], kappa, "presets")
+
+    @classmethod
+    def from_profile(
+        cls, doc: ProfileDocument, gpu: str, pool: Sequence[Session], path: str = "profile.json"
+    ) -> Basis:
+        """Per-instance capacities of `doc` on the `gpu` preset's costs; `pool` is the workload the
+        profile's prefill rate was measured with (the rate depends on the mean prompt position)."""
+        preset = cls.presets(gpu).gpu
+        if doc.gpu is not None and doc.gpu != gpu:
+            raise BasinError(f"{path} was measured on {doc.gpu}, not {gpu}: pass --gpu {doc.gpu}")
+        if not pool:
+            raise BasinError("the workload holds no sessions")
+        prompt = float(np.mean([c.prompt_tokens for s in pool for c in s.calls]))
+        preset_rate = 1.0 / prefill_seconds(preset, 1, int(prompt / 2))  # one instance, as FluidParameters
+        measured_rate = doc.prefill_tokens_per_s / doc.prefill_replicas
+        slower = preset_rate / measured_rate
+        calibrated = replace(
+            preset,
+            prefill_cache_tokens=doc.prefill_gpu_tokens // doc.prefill_replicas,
+            decode_kv_tokens=doc.decode_kv_tokens // doc.decode_replicas,
+            prefill_s_per_token=preset.prefill_s_per_token * slower,
+            prefill_s_per_token_position=preset.prefill_s_per_token_position * slower,
+        )
+        if calibrated.prefill_cache_tokens < 1 or calibrated.decode_kv_tokens < 1:
+            raise BasinError(f"{path}: capacities below one token per replica")
+        return cls(calibrated, doc.kappa, "profile", doc, path)
+
+    def describe(self) -> str:
+        """One line for the table: which numbers are measured and which are the preset's."""
+        if self.profile is None:
+            return f"capacities and costs: the {self.gpu.name.upper()} preset calibration; κ = {self.kappa:g}"
+        doc = self.profile
+        when = doc.profiled_at.strftime("%Y-%m-%d %H:%M UTC")
+        what = doc.deployment or f"{doc.prefill_replicas}P{doc.decode_replicas}D"
+        rate = doc.prefill_tokens_per_s / doc.prefill_replicas
+        return (
+            f"κ = {self.kappa:.3g} and capacities from profile {self.path} ({doc.source}, {what},"
+            f" {when}): per instance prefill cache {self.gpu.prefill_cache_tokens:,}, decode KV"
+            f" {self.gpu.decode_kv_tokens:,} tokens, prefill {rate:,.0f} tokens/s; decode costs: the preset's"
+        )
+
+    def to_dict(self) -> dict:
+        out: dict = {"capacities": self.source, "kappa": self.kappa}
+        out["per_instance"] = {
+            "prefill_cache_tokens": self.gpu.prefill_cache_tokens,
+            "decode_kv_tokens": self.gpu.decode_kv_tokens,
+        }
+        if self.profile is not None:
+            doc = self.profile
+            out["profile"] = {
+                "path": self.path,
+                "source": doc.source,
+                "deployment": doc.deployment,
+                "fingerprint": doc.fingerprint,
+                "profiled_at": doc.model_dump(mode="json")["profiled_at"],
+                "prefill_replicas": doc.prefill_replicas,
+                "decode_replicas": doc.decode_replicas,
+                "lambda_c_per_min": doc.lambda_c_per_min,
+            }
+        return out
 
 
 class PopulationBalance:
@@ -213,14 +302,15 @@ def judge(
 
 def plan(
     gpus: int,
-    gpu: str,
+    gpu: str | GpuCalibration,
     pool: Sequence[Session],
     base_rate: float,
     surge: Surge,
     host_tiers: Sequence[float],
     kappa: float = 1.0,
 ) -> list[Candidate]:
-    """Every split of `gpus` GPUs × every host tier, best first (largest recoverable surge)."""
+    """Every split of `gpus` GPUs × every host tier, best first (largest recoverable surge); `gpu` is a
+    preset's name or a profiled calibration (`Basis.gpu`)."""
     if base_rate <= 0:
         raise BasinError(f"--base-rate must be positive, got {base_rate}")
     if not host_tiers or any(t < 0 for t in host_tiers):
@@ -273,7 +363,9 @@ class WorkloadSpec:
         return load_workload(self.spec, self.seed, self.tool_time_scale, self.output_scale, self.sessions)
 
 
-def _verify_one(job: tuple[Candidate, str, WorkloadSpec, float, Surge, str, float | None]) -> Verification:
+def _verify_one(
+    job: tuple[Candidate, str | GpuCalibration, WorkloadSpec, float, Surge, str, float | None],
+) -> Verification:
     candidate, gpu, workload, base_rate, surge, policy, kappa = job
     from basin.sim import Simulation, SimulationConfig
     from basin.sim.policies import build_policy
@@ -303,7 +395,7 @@ def _verify_one(job: tuple[Candidate, str, WorkloadSpec, float, Surge, str, floa
 
 def verify(
     candidates: Sequence[Candidate],
-    gpu: str,
+    gpu: str | GpuCalibration,
     workload: WorkloadSpec,
     base_rate: float,
     surge: Surge,
