@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from functools import cache
@@ -12,7 +13,18 @@ import pytest
 
 from basin.errors import BasinError
 from basin.fluid import FluidModel, FluidParameters, analyze
-from basin.plan import Basis, PopulationBalance, Surge, deployment_for, judge, plan, recommendation, splits
+from basin.plan import (
+    Basis,
+    PopulationBalance,
+    Surge,
+    deployment_for,
+    headroom_now,
+    judge,
+    plan,
+    recommendation,
+    running_deployment,
+    splits,
+)
 from basin.profile_schema import ProfileDocument
 from basin.workload import load_workload
 
@@ -234,3 +246,48 @@ def test_a_missing_profile_file_is_a_usage_error(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert result.returncode == 2 and "does not exist" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_headroom_now_from_the_stable_population_is_the_plans_largest_surge() -> None:
+    """The gateway's figures and `basin plan` are one computation: from N_s at the base rate."""
+    deployment = deployment_for("h200", 1, 3, 2.0)
+    candidate = judge(deployment, pool(), 8.0, Surge(5, 20))
+    model = FluidModel(FluidParameters.from_workload(deployment, pool()))
+    assert candidate.n_stable is not None
+    now = headroom_now(model, 8.0, candidate.n_stable, 20)
+    assert now.recoverable_surge_factor == candidate.max_recoverable_factor
+    assert now.cliff_population == candidate.n_unstable
+    assert now.rate_headroom_per_min == pytest.approx(candidate.departure_peak_per_min - 8.0)
+
+
+def test_headroom_shrinks_as_sessions_pile_up_and_arrivals_rise() -> None:
+    model = FluidModel(FluidParameters.from_workload(deployment_for("h200", 1, 3, 2.0), pool()))
+    calm = headroom_now(model, 8.0, 100, 10)
+    assert 100 < calm.cliff_population < math.inf
+    crowded = headroom_now(model, 8.0, calm.cliff_population - 20, 10)
+    assert 0 < crowded.cliff_headroom_sessions < calm.cliff_headroom_sessions
+    assert crowded.recoverable_surge_factor < calm.recoverable_surge_factor  # type: ignore[operator]
+    past = headroom_now(model, 8.0, calm.cliff_population + 20, 10)
+    assert past.cliff_headroom_sessions < 0 and past.recoverable_surge_factor == 0
+    busier = headroom_now(model, 12.0, 100, 10)
+    assert busier.rate_headroom_per_min < calm.rate_headroom_per_min
+    assert busier.recoverable_surge_factor < calm.recoverable_surge_factor  # type: ignore[operator]
+    overloaded = headroom_now(model, calm.departure_peak_per_min + 1, 100, 10)
+    assert overloaded.rate_headroom_per_min < 0 and overloaded.recoverable_surge_factor == 0
+    assert overloaded.cliff_headroom_sessions == -100  # every population grows: already past
+    quiet = headroom_now(model, 1.0, 5, 10)  # below the low-reuse rate: any crowd drains
+    assert quiet.cliff_headroom_sessions == math.inf
+    assert headroom_now(model, 0.0, 0, 10).recoverable_surge_factor is None  # no arrivals to scale
+
+
+def test_a_gateway_profile_of_the_preset_builds_the_presets_model() -> None:
+    from basin.sim import get_deployment
+    from basin.sim.policies import default_profile
+
+    preset = get_deployment("h200-1p3d")
+    profile = default_profile(preset, pool())
+    running = running_deployment(profile, pool(), "h200", 1, 3)
+    assert running.host_tier == preset.host_tier
+    got, want = (FluidParameters.from_workload(d, pool()) for d in (running, preset))
+    assert got.cache_tokens == want.cache_tokens and got.decode_requests_fit == want.decode_requests_fit
+    assert got.prefill_tokens_per_s == pytest.approx(want.prefill_tokens_per_s)
