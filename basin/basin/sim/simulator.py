@@ -125,7 +125,7 @@ class Simulation:
         self.held: set[str] = set()  # paused sessions whose next call is waiting
         self.active: dict[str, SessionState] = {}
         self.working_set = 0
-        self._page_ids = itertools.count(1)
+        self._next_page = 1  # page keys are numbered in the order pages are first seen
         self._content_pages: dict[tuple[int, int], int] = {}  # (trace block id, page in block) -> key
         self._rids = itertools.count(1)
         self._hit_cached = 0
@@ -185,9 +185,7 @@ class Simulation:
         if arrival.first_call > 0:
             previous = state.session.calls[arrival.first_call - 1]
             state.pages = self._block_pages(previous)
-            state.pages.extend(
-                next(self._page_ids) for _ in range(previous.prompt_tokens // PAGE_TOKENS - len(state.pages))
-            )
+            state.pages.extend(self._new_pages(previous.prompt_tokens // PAGE_TOKENS - len(state.pages)))
             keys = tuple(state.pages)
             prefill = self.engine.route_prefill(Request(0, state, state.sid, previous.prompt_tokens, 0, keys))
             if prefill.cache.allocate(len(keys)):
@@ -234,7 +232,7 @@ class Simulation:
         for page in range(full_pages):
             content = (call.blocks[page // per_block], page % per_block)
             if content not in self._content_pages:
-                self._content_pages[content] = next(self._page_ids)
+                self._content_pages[content] = self._new_pages(1)[0]
             keys.append(self._content_pages[content])
         return keys
 
@@ -246,7 +244,7 @@ class Simulation:
         full_pages = call.prompt_tokens // PAGE_TOKENS
         if call.blocks:
             pages = self._block_pages(call)
-            pages.extend(next(self._page_ids) for _ in range(full_pages - len(pages)))
+            pages.extend(self._new_pages(full_pages - len(pages)))
             state.pages = pages
             return tuple(pages)
         if index == state.arrival.first_call and not state.pages:
@@ -255,9 +253,15 @@ class Simulation:
             previous = state.session.calls[index - 1]
             kept = min(call.carried_tokens, previous.prompt_tokens) // PAGE_TOKENS
         pages = state.pages[: min(kept, len(state.pages))]
-        pages.extend(next(self._page_ids) for _ in range(full_pages - len(pages)))
+        pages.extend(self._new_pages(full_pages - len(pages)))
         state.pages = pages
         return tuple(pages)
+
+    def _new_pages(self, count: int) -> range:
+        """`count` fresh page keys (none when `count` <= 0), as one range rather than one call each."""
+        first = self._next_page
+        self._next_page = first + max(count, 0)
+        return range(first, self._next_page)
 
     def _release_call(self, state: SessionState) -> None:
         if state.status != "active":
