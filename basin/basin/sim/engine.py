@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import zlib
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -710,7 +711,13 @@ class PDEngine:
         return least_loaded
 
     def route_decode(self) -> DecodeInstance:
-        return min(self.decodes, key=lambda d: (d.demand_tokens / d.capacity, d.index))
+        """The decode instance with the least demand per capacity (the lowest index on a tie)."""
+        best, best_load = self.decodes[0], math.inf
+        for decode in self.decodes:  # a loop, not min(key=lambda): once per call
+            load = (decode.used + decode.prealloc.tokens) / decode.capacity
+            if load < best_load:
+                best, best_load = decode, load
+        return best
 
     # ---------------------------------------------------------------- lifecycle
     def submit(self, request: Request) -> None:
