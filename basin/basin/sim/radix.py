@@ -46,8 +46,10 @@ class _LruHeap:
         self._seq = itertools.count()
 
     def push(self, node: Node, live: int) -> None:
-        heapq.heappush(self._heap, (node.last_access, next(self._seq), node))
-        if len(self._heap) > 64 and len(self._heap) > 4 * (live + 16):
+        heap = self._heap
+        heapq.heappush(heap, (node.last_access, next(self._seq), node))
+        size = len(heap)
+        if size > 64 and size > 4 * (live + 16):
             self._heap = [e for e in self._heap if self._valid(e[2], e[0])]
             heapq.heapify(self._heap)
 
@@ -59,7 +61,7 @@ class _LruHeap:
         return None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs several times more, per match
 class Match:
     """A matched prefix: `node` is its last node (the root for no match); `gpu_pages` are resident,
     `host_pages` follow them and need a load-back."""
