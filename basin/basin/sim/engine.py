@@ -418,6 +418,8 @@ class DecodeInstance:
     def reclaim(self, tokens: int) -> int:
         """Free at least `tokens` of lent memory: units prefill also holds first, then the least
         recently adopted. Returns what was freed."""
+        if not self.units:  # nothing lent (every policy but BASIN): skip building the scan lists
+            return 0
         freed = 0
         redundant = [u for u in self.units.values() if self.engine.prefill_holds(u)]
         for unit in redundant + list(self.units.values()):
