@@ -130,24 +130,30 @@ class PlanGauges(Collector):
 
     async def loop(self) -> None:
         while True:
-            await asyncio.sleep(max(0.2, min(5.0, REFRESH_S / self.coordinator.clock.scale)))
             try:
                 await self.refresh()
             except Exception:  # a failed figure must never stop the gateway; the next one retries
                 log.exception("basin_plan figures failed")
+            await asyncio.sleep(max(0.2, min(5.0, REFRESH_S / self.coordinator.clock.scale)))
 
     async def refresh(self) -> None:
         """Sample the load on the event loop, compute in a thread."""
         c = self.coordinator
-        brain, loaded = c.brain, c.profile
+        loaded = c.profile
+        if loaded is None:
+            self.figures = None
+            return
+        running = self.running
+        if running is None or running.digest != loaded.digest:
+            # Every replica builds it (~1 s of CPU, at start or on a new profile), so a follower that
+            # takes over the lease is not busy with it while it does.
+            running = self.running = await asyncio.to_thread(build_model, loaded)
+        brain = c.brain
         rate = self.rate.add(c.clock.now(), brain.arrived, id(brain))
-        if not c.deciding() or loaded is None:
+        if not c.deciding():
             self.figures = None
             return
         population = float(brain.active_count())
-        running = self.running
-        if running is None or running.digest != loaded.digest:
-            running = self.running = await asyncio.to_thread(build_model, loaded)
         if rate is None:
             self.figures = Figures(running, {})
             return
