@@ -860,7 +860,12 @@ def analyze_command(
 
 @cli.command("plan")
 @click.option("--gpus", type=int, required=True, help="GPUs to split into prefill and decode (at least 2).")
-@click.option("--gpu", type=click.Choice(["h100", "h200"]), default="h200", show_default=True, help="GPU.")
+@click.option(
+    "--gpu",
+    type=click.Choice(["h100", "h200"]),
+    default=None,
+    help="GPU  [default: the profile's, else h200]",
+)
 @workload_options(default="terminal-bench")
 @click.option("--base-rate", type=float, required=True, help="Base arrivals, sessions per minute.")
 @click.option(
@@ -878,7 +883,20 @@ def analyze_command(
     metavar="X,Y,…",
     help="Host tiers to compare, as multiples of the GPU prefix cache (0: GPU-only).",
 )
-@click.option("--kappa", type=float, default=1.0, show_default=True, help="Cliff scale κ of the hit curve.")
+@click.option(
+    "--kappa",
+    type=float,
+    default=None,
+    help="Cliff scale κ of the hit curve  [default: the profile's, else 1]",
+)
+@click.option(
+    "--profile",
+    "profile_path",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="A live profile (profile.json, as `basin profile` or the profiling Job writes it): κ, capacities"
+    " and prefill rate from it instead of the presets.",
+)
 @click.option(
     "--verify",
     "verify_top",
@@ -914,7 +932,8 @@ def plan_command(
     base_rate: float,
     surge_text: str,
     host_tiers: str,
-    kappa: float,
+    kappa: float | None,
+    profile_path: str | None,
     verify_top: int,
     policy: str,
     as_json: bool,
@@ -924,21 +943,43 @@ def plan_command(
     largest surge it recovers from without control at the base rate (the fluid model, paper §5)."""
     import os
 
-    from basin.plan import Surge, WorkloadSpec, plan, plot_plan, recommendation, verify
+    from basin.plan import Basis, Surge, WorkloadSpec, plan, plot_plan, recommendation, verify
 
     surge = Surge.parse(surge_text)
     try:
         tiers = [float(part) for part in host_tiers.split(",") if part.strip()]
     except ValueError:
         raise BasinError(f"--host-tiers takes numbers separated by commas, got {host_tiers!r}") from None
-    if kappa <= 0:
-        raise BasinError(f"--kappa must be positive, got {kappa}")
     if verify_top < 0:
         raise BasinError(f"--verify must not be negative, got {verify_top}")
     if plot_out:
         _writable(plot_out)
+    doc = None
+    if profile_path is not None:
+        from basin.profile_schema import parse_profile
+
+        if kappa is not None:
+            raise BasinError("--kappa and --profile both set κ: drop --kappa to use the profile's")
+        doc = parse_profile(Path(profile_path).read_bytes(), profile_path)
+        source = click.get_current_context().get_parameter_source("workload")
+        if source is click.core.ParameterSource.DEFAULT:
+            workload = doc.workload  # κ and the prefill rate were measured with this workload
+        elif workload != doc.workload:
+            raise BasinError(
+                f"{profile_path} was measured with workload {doc.workload!r}, not {workload!r}: κ and the"
+                f" prefill rate depend on it (pass --workload {doc.workload} or profile this workload)"
+            )
+        gpu = gpu or doc.gpu or "h200"
+    gpu = gpu or "h200"
     spec = WorkloadSpec(workload, seed, tool_time_scale, output_scale, sessions)
-    candidates = plan(gpus, gpu, spec.load(), base_rate, surge, tiers, kappa)
+    pool = spec.load()
+    basis = (
+        Basis.presets(gpu, 1.0 if kappa is None else kappa)
+        if doc is None
+        else Basis.from_profile(doc, gpu, pool, profile_path or "profile.json")
+    )
+    kappa = basis.kappa
+    candidates = plan(gpus, basis.gpu, pool, base_rate, surge, tiers, kappa)
     checks = []
     if verify_top:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -950,7 +991,7 @@ def plan_command(
         ) as progress:  # fmt: skip
             task = progress.add_task("verify", total=len(chosen))
             checks = verify(
-                chosen, gpu, spec, base_rate, surge, policy, kappa,
+                chosen, basis.gpu, spec, base_rate, surge, policy, kappa,
                 processes=min(len(chosen), os.cpu_count() or 1),
                 progress=lambda done: progress.update(task, completed=done),
             )  # fmt: skip
@@ -966,8 +1007,7 @@ def plan_command(
             "base_rate": base_rate,
             "surge_factor": surge.factor,
             "surge_minutes": surge.minutes,
-            "kappa": kappa,
-            "capacities": "presets",
+            **basis.to_dict(),
             "candidates": [c.to_dict() for c in candidates],
             "verification": [v.to_dict() for v in checks],
             "recommendation": advice,
@@ -992,7 +1032,7 @@ def plan_command(
         )  # fmt: skip
     console = _console()
     console.print(table)
-    console.print(f"capacities and costs: the {gpu.upper()} preset calibration; κ = {kappa:g}")
+    console.print(basis.describe())
     console.print(f"recommendation: {advice}")
     for v in checks:
         verdict = "agrees" if v.agrees else "DISAGREES"

@@ -12,15 +12,19 @@ candidates in the simulator under a policy and compares its run label with the m
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
 from basin.errors import BasinError
-from basin.fluid import FluidModel, FluidParameters, analyze
-from basin.sim.deployments import GPUS, Deployment
+from basin.fluid import Analysis, FluidModel, FluidParameters, analyze
+from basin.policy.basin import DeploymentProfile
+from basin.profile_schema import ProfileDocument
+from basin.sim.costs import prefill_seconds
+from basin.sim.deployments import GPUS, Deployment, GpuCalibration
 from basin.workload.model import Session
 
 STEP_MIN = 1 / 12  # integration step of the population balance, minutes (5 s)
@@ -113,12 +117,125 @@ def splits(gpus: int) -> list[tuple[int, int]]:
     return [(p, gpus - p) for p in range(1, gpus)]
 
 
-def deployment_for(gpu: str, prefill: int, decode: int, host_tier: float) -> Deployment:
-    if gpu not in GPUS:
-        raise BasinError(f"unknown GPU {gpu!r}; choose {', '.join(GPUS)}")
-    deployment = Deployment(f"{gpu}-{prefill}p{decode}d", GPUS[gpu], prefill, decode, host_tier=host_tier)
+def deployment_for(gpu: str | GpuCalibration, prefill: int, decode: int, host_tier: float) -> Deployment:
+    """A split of `gpu` (a preset's name, or a calibration such as `Basis.gpu` from a profile)."""
+    if isinstance(gpu, str):
+        if gpu not in GPUS:
+            raise BasinError(f"unknown GPU {gpu!r}; choose {', '.join(GPUS)}")
+        gpu = GPUS[gpu]
+    deployment = Deployment(f"{gpu.name}-{prefill}p{decode}d", gpu, prefill, decode, host_tier=host_tier)
     deployment.validate()
     return deployment
+
+
+def calibrated_gpu(
+    preset: GpuCalibration,
+    pool: Sequence[Session],
+    prefill_gpu_tokens: int,
+    decode_kv_tokens: int,
+    prefill_tokens_per_s: float,
+    prefill_replicas: int = 1,
+    decode_replicas: int = 1,
+) -> GpuCalibration:
+    """`preset` with one instance's share of measured aggregates: prefix cache, decode KV and (when
+    measured, > 0) the prefill rate on `pool`, which rescales the preset's prefill cost."""
+    if not pool:
+        raise BasinError("the workload holds no sessions")
+    if prefill_replicas < 1 or decode_replicas < 1:
+        raise BasinError("a deployment needs at least one prefill and one decode replica")
+    slower = 1.0
+    if prefill_tokens_per_s > 0:
+        prompt = float(np.mean([c.prompt_tokens for s in pool for c in s.calls]))
+        preset_rate = 1.0 / prefill_seconds(preset, 1, int(prompt / 2))  # one instance, as FluidParameters
+        slower = preset_rate / (prefill_tokens_per_s / prefill_replicas)
+    calibrated = replace(
+        preset,
+        prefill_cache_tokens=prefill_gpu_tokens // prefill_replicas,
+        decode_kv_tokens=decode_kv_tokens // decode_replicas,
+        prefill_s_per_token=preset.prefill_s_per_token * slower,
+        prefill_s_per_token_position=preset.prefill_s_per_token_position * slower,
+    )
+    if calibrated.prefill_cache_tokens < 1 or calibrated.decode_kv_tokens < 1:
+        raise BasinError("capacities below one token per replica")
+    return calibrated
+
+
+@dataclass(frozen=True)
+class Basis:
+    """Where a plan's κ and capacities come from: a GPU preset, or a live profile (`--profile`).
+
+    A profile measures one deployment; its capacities are aggregates over its replicas, so they are
+    divided back to one instance and every split is built from those instances. Its prefill rate
+    rescales the preset's prefill cost (position dependence kept); decode costs stay the preset's,
+    since a profile does not measure them."""
+
+    gpu: GpuCalibration
+    kappa: float
+    source: str  # "presets" or "profile"
+    profile: ProfileDocument | None = None
+    path: str | None = None
+
+    @classmethod
+    def presets(cls, gpu: str, kappa: float = 1.0) -> Basis:
+        if gpu not in GPUS:
+            raise BasinError(f"unknown GPU {gpu!r}; choose {', '.join(GPUS)}")
+        if kappa <= 0:
+            raise BasinError(f"--kappa must be positive, got {kappa}")
+        return cls(GPUS[gpu], kappa, "presets")
+
+    @classmethod
+    def from_profile(
+        cls, doc: ProfileDocument, gpu: str, pool: Sequence[Session], path: str = "profile.json"
+    ) -> Basis:
+        """Per-instance capacities of `doc` on the `gpu` preset's costs; `pool` is the workload the
+        profile's prefill rate was measured with (the rate depends on the mean prompt position)."""
+        preset = cls.presets(gpu).gpu
+        if doc.gpu is not None and doc.gpu != gpu:
+            raise BasinError(f"{path} was measured on {doc.gpu}, not {gpu}: pass --gpu {doc.gpu}")
+        calibrated = calibrated_gpu(
+            preset,
+            pool,
+            doc.prefill_gpu_tokens,
+            doc.decode_kv_tokens,
+            doc.prefill_tokens_per_s,
+            doc.prefill_replicas,
+            doc.decode_replicas,
+        )
+        return cls(calibrated, doc.kappa, "profile", doc, path)
+
+    def describe(self) -> str:
+        """One line for the table: which numbers are measured and which are the preset's."""
+        if self.profile is None:
+            return f"capacities and costs: the {self.gpu.name.upper()} preset calibration; κ = {self.kappa:g}"
+        doc = self.profile
+        when = doc.profiled_at.strftime("%Y-%m-%d %H:%M UTC")
+        what = doc.deployment or f"{doc.prefill_replicas}P{doc.decode_replicas}D"
+        rate = doc.prefill_tokens_per_s / doc.prefill_replicas
+        return (
+            f"κ = {self.kappa:.3g} and capacities from profile {self.path} ({doc.source}, {what},"
+            f" {when}): per instance prefill cache {self.gpu.prefill_cache_tokens:,}, decode KV"
+            f" {self.gpu.decode_kv_tokens:,} tokens, prefill {rate:,.0f} tokens/s; decode costs: the preset's"
+        )
+
+    def to_dict(self) -> dict:
+        out: dict = {"capacities": self.source, "kappa": self.kappa}
+        out["per_instance"] = {
+            "prefill_cache_tokens": self.gpu.prefill_cache_tokens,
+            "decode_kv_tokens": self.gpu.decode_kv_tokens,
+        }
+        if self.profile is not None:
+            doc = self.profile
+            out["profile"] = {
+                "path": self.path,
+                "source": doc.source,
+                "deployment": doc.deployment,
+                "fingerprint": doc.fingerprint,
+                "profiled_at": doc.model_dump(mode="json")["profiled_at"],
+                "prefill_replicas": doc.prefill_replicas,
+                "decode_replicas": doc.decode_replicas,
+                "lambda_c_per_min": doc.lambda_c_per_min,
+            }
+        return out
 
 
 class PopulationBalance:
@@ -169,29 +286,13 @@ def judge(
     model = FluidModel(FluidParameters.from_workload(deployment, pool, kappa))
     analysis = analyze(model, base_rate)
     balance = PopulationBalance(model)
-    stable, unstable = analysis.n_stable, analysis.n_unstable
+    stable = analysis.n_stable
 
     def outcome(factor: float) -> tuple[bool, float | None, float | None]:
-        """(recovers, population at the surge's end, drain minutes) for a surge of `factor`."""
-        if stable is None:  # the base rate alone exceeds the departure peak
-            return False, None, None
-        end = balance.through_surge(stable, base_rate, Surge(factor, surge.minutes))
-        if unstable is not None and end >= unstable:
-            return False, end, None  # past N_u departures stay below arrivals: trapped
-        drain = balance.drain_minutes(end, stable, base_rate)
-        return drain is not None, end, drain
+        return _outcome(balance, analysis, stable, Surge(factor, surge.minutes))
 
     given, end, drain = outcome(surge.factor)
-    if not outcome(1.0)[0]:
-        largest = 0.0
-    elif outcome(MAX_SURGE_FACTOR)[0]:
-        largest = MAX_SURGE_FACTOR
-    else:
-        low, high = 1.0, MAX_SURGE_FACTOR
-        while high - low > 0.01:
-            middle = (low + high) / 2
-            low, high = (middle, high) if outcome(middle)[0] else (low, middle)
-        largest = low
+    largest = _largest_factor(lambda factor: outcome(factor)[0])
     return Candidate(
         name=deployment.name,
         prefill=deployment.prefill_instances,
@@ -203,7 +304,7 @@ def judge(
         low_reuse_per_min=analysis.d_low_per_min,
         vulnerable_range_per_min=analysis.vulnerable_range_per_min,
         n_stable=stable,
-        n_unstable=unstable,
+        n_unstable=analysis.n_unstable,
         surge_peak_population=end,
         recovers=given,
         drain_minutes=drain,
@@ -211,16 +312,114 @@ def judge(
     )
 
 
+def _outcome(
+    balance: PopulationBalance, analysis: Analysis, start: float | None, surge: Surge
+) -> tuple[bool, float | None, float | None]:
+    """(recovers, population at the surge's end, drain minutes) for `surge` on top of the analysis's
+    base rate, from population `start` (None: no stable state to start from)."""
+    stable, unstable, rate = analysis.n_stable, analysis.n_unstable, analysis.base_rate_per_min
+    if stable is None or start is None:  # the base rate alone exceeds the departure peak
+        return False, None, None
+    end = balance.through_surge(start, rate, surge)
+    if unstable is not None and end >= unstable:
+        return False, end, None  # past N_u departures stay below arrivals: trapped
+    drain = balance.drain_minutes(end, stable, rate)
+    return drain is not None, end, drain
+
+
+def _largest_factor(recovers: Callable[[float], bool]) -> float:
+    """The largest surge factor in [1, MAX_SURGE_FACTOR] that `recovers` (bisection; 0: not even ×1)."""
+    if not recovers(1.0):
+        return 0.0
+    if recovers(MAX_SURGE_FACTOR):
+        return MAX_SURGE_FACTOR
+    low, high = 1.0, MAX_SURGE_FACTOR
+    while high - low > 0.01:
+        middle = (low + high) / 2
+        low, high = (middle, high) if recovers(middle) else (low, middle)
+    return low
+
+
+def running_deployment(
+    profile: DeploymentProfile,
+    pool: Sequence[Session],
+    gpu: str = "h200",
+    prefill_replicas: int = 1,
+    decode_replicas: int = 1,
+) -> Deployment:
+    """The deployment a gateway's profile describes: measured capacities and prefill rate on the `gpu`
+    preset's decode costs, with the profile's host tier (host tokens over GPU prefix tokens)."""
+    preset = Basis.presets(gpu).gpu
+    calibrated = calibrated_gpu(
+        preset,
+        pool,
+        profile.prefill_gpu_tokens,
+        profile.decode_kv_tokens,
+        profile.prefill_tokens_per_s,
+        prefill_replicas,
+        decode_replicas,
+    )
+    return deployment_for(
+        calibrated, prefill_replicas, decode_replicas, profile.host_tokens / profile.prefill_gpu_tokens
+    )
+
+
+@dataclass(frozen=True)
+class Headroom:
+    """The fluid model of a running deployment at its measured load (the gateway's `basin_plan_*`)."""
+
+    arrival_rate_per_min: float
+    population: float  # active sessions now
+    departure_peak_per_min: float  # D(N*)
+    rate_headroom_per_min: float  # D(N*) − λ: sustained extra arrivals before overload
+    # N_u at λ: past it the population keeps growing; +inf when λ is below the low-reuse rate (any crowd
+    # drains), 0 when λ exceeds D(N*) (every population grows)
+    cliff_population: float
+    cliff_headroom_sessions: float  # N_u − N (negative: already past it)
+    surge_minutes: float
+    recoverable_surge_factor: float | None  # the largest ×λ surge from now that recovers (None: λ = 0)
+
+
+def headroom_now(model: FluidModel, rate: float, population: float, surge_minutes: float) -> Headroom:
+    """How far the running deployment is from the cliff: the plan's numbers with the measured rate and
+    the population now in place of N_s (a population already swollen absorbs a smaller surge)."""
+    analysis = analyze(model, max(rate, 0.0))
+    if analysis.n_stable is None:
+        cliff = 0.0
+    else:
+        cliff = math.inf if analysis.n_unstable is None else analysis.n_unstable
+    factor: float | None = None
+    if rate > 0:
+        balance = PopulationBalance(model)
+        start = max(population, 0.0)
+
+        def recovers(f: float) -> bool:
+            return _outcome(balance, analysis, start, Surge(f, surge_minutes))[0]
+
+        factor = _largest_factor(recovers)
+    return Headroom(
+        arrival_rate_per_min=rate,
+        population=population,
+        departure_peak_per_min=analysis.d_peak_per_min,
+        rate_headroom_per_min=analysis.d_peak_per_min - rate,
+        cliff_population=cliff,
+        cliff_headroom_sessions=cliff - population,
+        surge_minutes=surge_minutes,
+        recoverable_surge_factor=factor,
+    )
+
+
 def plan(
     gpus: int,
-    gpu: str,
+    gpu: str | GpuCalibration,
     pool: Sequence[Session],
     base_rate: float,
     surge: Surge,
     host_tiers: Sequence[float],
     kappa: float = 1.0,
 ) -> list[Candidate]:
-    """Every split of `gpus` GPUs × every host tier, best first (largest recoverable surge)."""
+    """Every split of `gpus` GPUs × every host tier, best first (largest recoverable surge); `gpu` is a
+    preset's name or a profiled calibration (`Basis.gpu`)."""
     if base_rate <= 0:
         raise BasinError(f"--base-rate must be positive, got {base_rate}")
     if not host_tiers or any(t < 0 for t in host_tiers):
@@ -273,7 +472,9 @@ class WorkloadSpec:
         return load_workload(self.spec, self.seed, self.tool_time_scale, self.output_scale, self.sessions)
 
 
-def _verify_one(job: tuple[Candidate, str, WorkloadSpec, float, Surge, str, float | None]) -> Verification:
+def _verify_one(
+    job: tuple[Candidate, str | GpuCalibration, WorkloadSpec, float, Surge, str, float | None],
+) -> Verification:
     candidate, gpu, workload, base_rate, surge, policy, kappa = job
     from basin.sim import Simulation, SimulationConfig
     from basin.sim.policies import build_policy
@@ -303,7 +504,7 @@ def _verify_one(job: tuple[Candidate, str, WorkloadSpec, float, Surge, str, floa
 
 def verify(
     candidates: Sequence[Candidate],
-    gpu: str,
+    gpu: str | GpuCalibration,
     workload: WorkloadSpec,
     base_rate: float,
     surge: Surge,

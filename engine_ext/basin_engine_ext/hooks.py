@@ -358,17 +358,32 @@ def rebalance_before_prealloc(queue: Any, *args: Any, **kwargs: Any) -> None:
 
 
 def queued_demand(queue: Any) -> int:
-    """Decode KV that requests waiting in SGLang's prealloc (and retracted) queues will need."""
-    queued = sum(queue._prealloc_required_tokens(dr.req)[0] for dr in queue.queue)
+    """Decode KV that requests waiting in SGLang's prealloc (and retracted) queues will need.
+
+    Each queued request counts what SGLang's own admission test asks of it
+    (`_required_admission_tokens`: the prompt plus min(max_new_tokens, its clip), less what running
+    requests could give back, never under the prompt plus the decode reserve); counting only the
+    reserve let units hold the room a long-output request needs, so it waited beside them forever.
+    """
+    if not queue.queue and not queue.retracted_queue:
+        return 0
+    running = queue.scheduler.running_batch.reqs
+    retractable = sum(len(r.origin_input_ids) + len(r.output_ids) for r in running)
+    queued = sum(_admission_tokens(queue, dr.req, retractable) for dr in queue.queue)
+    # SGLang's budget subtracts a retracted request's prealloc need (prompt + reserve) as is.
     queued += sum(queue._prealloc_required_tokens(req)[0] for req in queue.retracted_queue)
-    if queue.queue or queue.retracted_queue:
-        # SGLang admits from the queue only above max(its decode reserve for active requests, the
-        # room one running request may still grow into); count the same, or units could hold exactly
-        # the room that keeps the queue out.
-        running = queue.scheduler.running_batch.reqs
-        retractable = sum(len(r.origin_input_ids) + len(r.output_ids) for r in running)
-        queued += max(queue._active_reserved_tokens(), queue._need_space_for_single_req(retractable))
+    # SGLang admits from the queue only above max(its decode reserve for active requests, the room
+    # one running request may still grow into); count the same, or units could hold exactly the room
+    # that keeps the queue out.
+    queued += max(queue._active_reserved_tokens(), queue._need_space_for_single_req(retractable))
     return queued
+
+
+def _admission_tokens(queue: Any, req: Any, retractable: int) -> int:
+    """SGLang's admission need for one queued request with no decode-side prefix hit (the upper
+    bound: a prefix hit only lowers it)."""
+    allocated = queue._required_alloc_tokens(fill_len=queue._pre_alloc_fill_len(req), prefix_len=0)
+    return int(queue._required_admission_tokens(req, allocated, 0, retractable))
 
 
 def evict_then_reclaim(original: Any, allocator: Any, tree_cache: Any, num_tokens: int) -> Any:

@@ -23,6 +23,7 @@ from basin.policy import Basin
 from basin_gateway.brain import Brain, EngineReading, Verdict
 from basin_gateway.build import LoadedProfile, build_policy, load_predictor, read_profile
 from basin_gateway.metrics import GatewayMetrics
+from basin_gateway.plan_metrics import PlanGauges
 from basin_gateway.settings import Settings
 from basin_gateway.telemetry import PodEngines, PrometheusSource, ScrapeSource, Tracker
 from basin_gateway.upstream import Upstreams
@@ -74,6 +75,8 @@ class Coordinator:
         self.refused: str = ""  # digest of a profile file refused (other deployment, or malformed)
         self.predictor_stamp = _stamp(settings.predictor_path)
         metrics.add_state(self.state_rows)
+        self.plan = PlanGauges(self)  # basin_plan_*: headroom to the cliff at the measured load
+        metrics.registry.register(self.plan)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, http: aiohttp.ClientSession) -> None:
@@ -95,6 +98,7 @@ class Coordinator:
             asyncio.create_task(self._control_loop()),
             asyncio.create_task(self._sweep_loop()),
             asyncio.create_task(self._reload_loop()),
+            asyncio.create_task(self.plan.loop()),
         ]
 
     async def stop(self) -> None:

@@ -141,8 +141,11 @@ def test_queued_decode_demand_reclaims_units_down_to_the_lower_margin(plugin_loa
     queue.retracted_queue = []
     queue.transfer_queue = SimpleNamespace(queue=[])
     queue.scheduler = SimpleNamespace(running_batch=SimpleNamespace(reqs=[]), waiting_queue=[])
-    waiting = Req(
-        rid="w", origin_input_text="", origin_input_ids=list(range(120)), sampling_params=SamplingParams()
+    waiting = Req(  # asks for no more new tokens than the reserve: the reserve is what counts
+        rid="w",
+        origin_input_text="",
+        origin_input_ids=list(range(120)),
+        sampling_params=SamplingParams(max_new_tokens=8),
     )
     queue.queue = [DecodeRequest(req=waiting, kv_receiver=None)]
     need = queue._prealloc_required_tokens(waiting)[0]
@@ -168,6 +171,52 @@ def test_queued_decode_demand_reclaims_units_down_to_the_lower_margin(plugin_loa
     assert len(lender.store) == 2
 
 
+def test_a_queued_long_output_request_passes_sglangs_own_admission_after_rebalance(
+    plugin_loaded, decode_kv
+) -> None:
+    """A request asking for more new tokens than the decode reserve: SGLang admits it only with room
+    for prompt + min(max_new_tokens, clip). After the BEFORE hook rebalances, SGLang's own budget
+    (`_allocatable_token_budgets`) covers SGLang's own need (`_required_admission_tokens`); counting
+    prompt + reserve left units holding that room and the request waiting beside them."""
+    from types import SimpleNamespace
+
+    from sglang.srt.disaggregation.decode import DecodePreallocQueue, DecodeRequest
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    lender = hooks.make_lender(decode_kv.allocator)
+    for name in ("a", "b", "c"):
+        assert lender.adopt(name, 1, list(range(32)), decode_kv.allocator.alloc(32)) == 32
+    queue = object.__new__(DecodePreallocQueue)
+    queue.token_to_kv_pool_allocator = decode_kv.allocator
+    queue.token_to_kv_pool = decode_kv.pool
+    queue.num_reserved_decode_tokens = 8
+    queue.retracted_queue = []
+    queue.transfer_queue = SimpleNamespace(queue=[])
+    queue.scheduler = SimpleNamespace(
+        running_batch=SimpleNamespace(reqs=[]), waiting_queue=[], enable_hisparse=False, last_batch=None
+    )
+    waiting = Req(
+        rid="w",
+        origin_input_text="",
+        origin_input_ids=list(range(100)),
+        sampling_params=SamplingParams(max_new_tokens=64),
+    )
+    queue.queue = [DecodeRequest(req=waiting, kv_receiver=None)]
+
+    def admitted() -> bool:
+        need = queue._required_admission_tokens(
+            waiting, queue._required_alloc_tokens(fill_len=100, prefix_len=0), 0, 0
+        )
+        return need <= queue._allocatable_token_budgets(retractable_tokens=0, count_retracted=True)
+
+    assert not admitted()  # 256 - 96 lent = 160 free, SGLang wants 100 + 64 (and 8 held back)
+    hooks.rebalance_before_prealloc(queue)
+    assert admitted()
+    assert len(lender.store) == 2  # one unit (the LRU one) was enough
+    assert [u.session for u in lender.store.units()] == ["b", "c"]
+
+
 def test_adoption_leaves_room_for_requests_queued_for_decode_memory(plugin_loaded, decode_kv) -> None:
     """The lender attached by the decode hook reads SGLang's prealloc queue when it adopts."""
     from types import SimpleNamespace
@@ -189,7 +238,10 @@ def test_adoption_leaves_room_for_requests_queued_for_decode_memory(plugin_loade
     lender = hooks.lender_for(decode_kv.allocator)
 
     waiting = Req(
-        rid="w", origin_input_text="", origin_input_ids=list(range(200)), sampling_params=SamplingParams()
+        rid="w",
+        origin_input_text="",
+        origin_input_ids=list(range(200)),
+        sampling_params=SamplingParams(max_new_tokens=8),
     )
     queue.queue = [DecodeRequest(req=waiting, kv_receiver=None)]  # needs 208 of 256
     req = decode_kv.finished_request("r1", list(range(24)), outputs=4, custom_params=MARK)

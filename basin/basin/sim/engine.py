@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import zlib
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -417,6 +418,8 @@ class DecodeInstance:
     def reclaim(self, tokens: int) -> int:
         """Free at least `tokens` of lent memory: units prefill also holds first, then the least
         recently adopted. Returns what was freed."""
+        if not self.units:  # nothing lent (every policy but BASIN): skip building the scan lists
+            return 0
         freed = 0
         redundant = [u for u in self.units.values() if self.engine.prefill_holds(u)]
         for unit in redundant + list(self.units.values()):
@@ -710,7 +713,13 @@ class PDEngine:
         return least_loaded
 
     def route_decode(self) -> DecodeInstance:
-        return min(self.decodes, key=lambda d: (d.demand_tokens / d.capacity, d.index))
+        """The decode instance with the least demand per capacity (the lowest index on a tie)."""
+        best, best_load = self.decodes[0], math.inf
+        for decode in self.decodes:  # a loop, not min(key=lambda): once per call
+            load = (decode.used + decode.prealloc.tokens) / decode.capacity
+            if load < best_load:
+                best, best_load = decode, load
+        return best
 
     # ---------------------------------------------------------------- lifecycle
     def submit(self, request: Request) -> None:

@@ -46,8 +46,10 @@ class _LruHeap:
         self._seq = itertools.count()
 
     def push(self, node: Node, live: int) -> None:
-        heapq.heappush(self._heap, (node.last_access, next(self._seq), node))
-        if len(self._heap) > 64 and len(self._heap) > 4 * (live + 16):
+        heap = self._heap
+        heapq.heappush(heap, (node.last_access, next(self._seq), node))
+        size = len(heap)
+        if size > 64 and size > 4 * (live + 16):
             self._heap = [e for e in self._heap if self._valid(e[2], e[0])]
             heapq.heapify(self._heap)
 
@@ -59,7 +61,7 @@ class _LruHeap:
         return None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs several times more, per match
 class Match:
     """A matched prefix: `node` is its last node (the root for no match); `gpu_pages` are resident,
     `host_pages` follow them and need a load-back."""
@@ -176,19 +178,21 @@ class RadixCache:
 
     # ------------------------------------------------------------------ locking
     def lock(self, node: Node) -> None:
-        while node is not self.root:
+        root = self.root
+        while node is not root:
             if node.lock == 0 and node.gpu:
-                self.locked_gpu += len(node)
+                self.locked_gpu += len(node.key)
             node.lock += 1
             node = node.parent  # type: ignore[assignment]
 
     def unlock(self, node: Node) -> None:
-        while node is not self.root:
+        root = self.root
+        while node is not root:
             node.lock -= 1
             if node.lock < 0:
                 raise ValueError("unlocking a node that is not locked")
             if node.lock == 0 and node.gpu:
-                self.locked_gpu -= len(node)
+                self.locked_gpu -= len(node.key)
                 if not _has_gpu_child(node):
                     self._push_gpu(node)
             node = node.parent  # type: ignore[assignment]
@@ -200,7 +204,7 @@ class RadixCache:
         The caller allocates the pages first (they arrive as in-flight pages and become tree pages).
         """
         path = self._host_only_path(match.node)
-        loaded = sum(len(p) for p in path)
+        loaded = sum(len(p.key) for p in path)
         if loaded > self.in_flight:
             raise ValueError("load_back needs its pages allocated first")
         self.in_flight -= loaded
@@ -233,12 +237,13 @@ class RadixCache:
             raise ValueError(f"inserting {remaining} new pages with only {in_flight_pages} allocated")
         leaf = Node(tuple(keys[match.pages :]), node, now)
         node.children[leaf.key[0]] = leaf
-        self.gpu_used += len(leaf)
+        size = len(leaf.key)
+        self.gpu_used += size
         # Host copies stay closed under ancestors, so a GPU eviction never orphans a host-only child.
         host_parent = node is self.root or node.host
-        if self.write_through and host_parent and self._make_host_room(len(leaf)):
+        if self.write_through and host_parent and self._make_host_room(size):
             leaf.host = True
-            self.host_used += len(leaf)
+            self.host_used += size
         self._push_gpu(leaf)
         return leaf
 
@@ -254,13 +259,14 @@ class RadixCache:
         """Make host-only nodes GPU-resident top-down while `pages` covers them whole (GPU nodes stay
         closed under ancestors); returns the pages left over."""
         for p in reversed(path):
-            if pages < len(p):
+            size = len(p.key)
+            if pages < size:
                 break
             p.gpu = True
-            self.gpu_used += len(p)
+            self.gpu_used += size
             if p.lock:
-                self.locked_gpu += len(p)
-            pages -= len(p)
+                self.locked_gpu += size
+            pages -= size
         return pages
 
     def _make_host_room(self, pages: int) -> bool:
@@ -281,8 +287,9 @@ class RadixCache:
         """Evict at least `pages` GPU pages (whole nodes, LRU leaves first); returns pages evicted."""
         evicted = 0
         while evicted < pages and (node := self._gpu_lru.pop()) is not None:
-            evicted += len(node)
-            self.gpu_used -= len(node)
+            size = len(node.key)
+            evicted += size
+            self.gpu_used -= size
             node.gpu = False
             parent = node.parent
             assert parent is not None
@@ -298,8 +305,9 @@ class RadixCache:
         """Evict at least `pages` host pages from host-only leaves, LRU first."""
         evicted = 0
         while evicted < pages and (node := self._host_lru.pop()) is not None:
-            evicted += len(node)
-            self.host_used -= len(node)
+            size = len(node.key)
+            evicted += size
+            self.host_used -= size
             node.host = False
             parent = node.parent
             self._delete(node)
@@ -348,7 +356,10 @@ def _common_prefix(key: tuple[int, ...], keys: tuple[int, ...], start: int) -> i
 
 
 def _has_gpu_child(node: Node) -> bool:
-    return any(c.gpu for c in node.children.values())
+    for child in node.children.values():  # noqa: SIM110 (no generator: this runs on every unlock)
+        if child.gpu:
+            return True
+    return False
 
 
 def _gpu_evictable(node: Node, stamp: float) -> bool:
