@@ -69,8 +69,14 @@ def recording(scale: float = 1) -> list[tuple[str, str]]:
 
 
 # Thresholds an operator may tune (docs/runbook.md says what each protects).
-CLIFF_SHARE = 0.8  # the early warning: W above this share of κ·x_k·C ...
-CLIFF_HIT_FALL = 0.1  # ... while the hit rate fell at least this much over the trend window
+# The early warning: W above this share of κ·x_k·C (in the live surge runs HiCache alone's hit rate
+# collapsed at 0.84-1.05 of it, so the warning must start below; BASIN's own budget admits by predicted
+# peaks up to m·κ·x_k·C, m = 0.9, which the hit-rate and growth conditions keep quiet while it holds) ...
+CLIFF_SHARE = 0.8
+CLIFF_HIT_FALL = 0.1  # ... while the hit rate fell at least this much over the trend window ...
+# ... and active sessions still grow over this window: the trap's loop is feeding (a deployment already
+# draining sessions is recovering, not approaching the cliff).
+CLIFF_RISING = "5m"
 TRAP_HIT_DROP = 0.1  # the trap: hit rate this far below its baseline (the paper's "trapped" label)
 FIRST_CALL_WAIT_P90_S = 300  # the paper's degraded-window bound on first-call waits (5 minutes)
 PROFILE_MAX_AGE_S = 7 * 86400
@@ -92,14 +98,15 @@ def alerts(scale: float = 1) -> list[Alert]:
                     ">=",
                     str(CLIFF_HIT_FALL),
                 ),
+                Condition(f"deriv(basin:sessions_active:leader[{f(CLIFF_RISING)}])", ">", "0"),
             ),
             f("5m"),
             "warning",
             "Working set near the cache cliff while the prefix hit rate falls",
             "The sessions' working set W is above "
             f"{CLIFF_SHARE:.0%} of the profiled cliff κ·x_k·C and the prefix hit rate fell by at least "
-            f"{CLIFF_HIT_FALL} over {W['trend']}: more sessions now push the deployment over the cliff "
-            "into the cache trap.",
+            f"{CLIFF_HIT_FALL} over {W['trend']} while active sessions keep growing: more sessions now push "
+            "the deployment over the cliff into the cache trap.",
             "approaching-the-cache-cliff",
         ),
         Alert(

@@ -26,6 +26,7 @@ DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
 NS = 'namespace=~"$namespace"'
 RATE = "$__rate_interval"
 TOTAL = 'priority=""'  # SGLang's totals beside its per-priority breakdowns (matches series without it too)
+PREFILL_TOTAL, DECODE_TOTAL = f"{PREFILL},{TOTAL}", f"{DECODE},{TOTAL}"
 
 
 def gw(series: str, extra: str = "") -> str:
@@ -281,10 +282,10 @@ def engines() -> dash.Dashboard:
             "waiting "
             "for a KV reservation (prealloc), reserved and awaiting prefill or transfer (transfer).",
             [
-                (f"sum({engine('num_prefill_bootstrap_queue_reqs', PREFILL)})", "prefill bootstrap"),
-                (f"sum({engine('num_prefill_inflight_queue_reqs', PREFILL)})", "prefill inflight"),
-                (f"sum({engine('num_decode_prealloc_queue_reqs', DECODE)})", "decode prealloc"),
-                (f"sum({engine('num_decode_transfer_queue_reqs', DECODE)})", "decode transfer"),
+                (f"sum({engine('num_prefill_bootstrap_queue_reqs', PREFILL_TOTAL)})", "prefill bootstrap"),
+                (f"sum({engine('num_prefill_inflight_queue_reqs', PREFILL_TOTAL)})", "prefill inflight"),
+                (f"sum({engine('num_decode_prealloc_queue_reqs', DECODE_TOTAL)})", "decode prealloc"),
+                (f"sum({engine('num_decode_transfer_queue_reqs', DECODE_TOTAL)})", "decode transfer"),
             ],
         )
     )
