@@ -4,7 +4,8 @@
 task that advances the model to `(wall time since start) × time_scale`, sleeping until the next model
 event or the next submission. Each HTTP request becomes a `LiveCall`: an engine `Request` whose page
 keys hash the prompt's actual tokens, plus the events its handler waits on. Per-instance counters
-(prompt, cached and computed tokens) feed `/metrics` and `/v1/loads` through `snapshot`.
+(prompt, cached and computed tokens) feed `/metrics` and `/v1/loads` through `snapshot`; latency
+histograms (TTFT, inter-token, end-to-end, KV transfer) are observed in model seconds, on SGLang's buckets.
 """
 
 from __future__ import annotations
@@ -24,6 +25,63 @@ from basin.sim.env import Environment
 HIT_RATE_WINDOW = 64  # prefills the per-instance recent hit rate averages over
 MAX_HOLD_S = 0.05  # wall seconds the model may wait for a request that is still being read and parsed
 
+# SGLang 0.5.23's default buckets (sglang/srt/observability/metrics_collector.py).
+TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
+E2E_BUCKETS = (*TTFT_BUCKETS, 600, 1200, 1800, 2400)
+ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,
+               0.100, 0.200, 0.400, 0.600, 0.800, 1.0, 2.0, 4.0, 6.0, 8.0)  # fmt: skip
+KV_TRANSFER_MS_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
+
+
+class Histogram:
+    """Bucket counts and sum per label key, exported as a Prometheus histogram by the collector."""
+
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.buckets = buckets
+        self.series: dict[tuple[str, ...], tuple[list[int], list[float]]] = {}
+
+    def observe(self, key: tuple[str, ...], value: float) -> None:
+        counts, total = self.series.setdefault(key, ([0] * (len(self.buckets) + 1), [0.0]))
+        index = next((i for i, bound in enumerate(self.buckets) if value <= bound), len(self.buckets))
+        counts[index] += 1
+        total[0] += value
+
+    def cumulative(self, key: tuple[str, ...]) -> tuple[list[tuple[str, float]], float]:
+        """(le, cumulative count) pairs ending with +Inf, and the sum."""
+        counts, total = self.series[key]
+        out, running = [], 0
+        for bound, count in zip((*self.buckets, float("inf")), counts, strict=True):
+            running += count
+            out.append(("+Inf" if bound == float("inf") else repr(float(bound)), float(running)))
+        return out, total[0]
+
+
+class _Engine(PDEngine):
+    """The simulator's engine with the two events SGLang's metrics count that its observer lacks:
+    retractions, and KV transfers from prefill to decode with their duration."""
+
+    def __init__(self, env: Environment, deployment: Deployment, live: LiveEngine) -> None:
+        super().__init__(env, deployment, live)
+        self.live = live
+        self._transfer_started: dict[int, float] = {}
+
+    def retracted(self, request: Request) -> None:
+        super().retracted(request)
+        if request.decode is not None:
+            self.live.decode_counters[request.decode.index].retractions += 1
+
+    def _transfer(self, request: Request) -> None:
+        self._transfer_started[request.rid] = self.env.now
+        super()._transfer(request)
+
+    def _transfer_done(self, request: Request) -> None:
+        started = self._transfer_started.pop(request.rid, None)
+        if started is not None and request.state == "transfer" and request.prefill is not None:
+            self.live.kv_transfer_ms.observe(
+                ("prefill", str(request.prefill.index)), (self.env.now - started) * 1e3
+            )
+        super()._transfer_done(request)
+
 
 @dataclass(eq=False)
 class LiveCall:
@@ -38,6 +96,7 @@ class LiveCall:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     submitted_model_s: float = 0.0
     aborted: bool = False
+    streaming: bool = False  # SGLang's `is_streaming` label on its request metrics
 
     @property
     def cached_tokens(self) -> int:
@@ -56,6 +115,11 @@ class InstanceCounters:
     generation_tokens: int = 0
     requests: int = 0
     aborted: int = 0
+    retractions: int = 0  # sglang:num_retracted_requests_total (decode)
+    # The request counters SGLang labels with `is_streaming` ("true"/"false"), split that way.
+    prompt_by_stream: dict[str, int] = field(default_factory=lambda: {"false": 0, "true": 0})
+    generation_by_stream: dict[str, int] = field(default_factory=lambda: {"false": 0, "true": 0})
+    requests_by_stream: dict[str, int] = field(default_factory=lambda: {"false": 0, "true": 0})
     recent: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=HIT_RATE_WINDOW))
 
     def recent_hit_rate(self) -> float:
@@ -73,10 +137,15 @@ class LiveEngine:
         self.time_scale = time_scale
         self.lending = lending
         self.env = Environment()
-        self.engine = PDEngine(self.env, deployment, self)
+        self.prefill_counters = [InstanceCounters() for _ in range(deployment.prefill_instances)]
+        self.decode_counters = [InstanceCounters() for _ in range(deployment.decode_instances)]
+        # Keyed by (engine_type, dp_rank[, is_streaming]) of the instance that observed it.
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.e2e = Histogram(E2E_BUCKETS)
+        self.itl = Histogram(ITL_BUCKETS)
+        self.kv_transfer_ms = Histogram(KV_TRANSFER_MS_BUCKETS)
+        self.engine: PDEngine = _Engine(self.env, deployment, self)
         self.calls: dict[str, LiveCall] = {}
-        self.prefill_counters = [InstanceCounters() for _ in self.engine.prefills]
-        self.decode_counters = [InstanceCounters() for _ in self.engine.decodes]
         self._rids = itertools.count(1)
         self._started = time.monotonic()
         self._wake: asyncio.Event | None = None
@@ -136,6 +205,7 @@ class LiveEngine:
         priority: float | None,
         lend: bool,
         arrival: int | None = None,
+        streaming: bool = False,
     ) -> LiveCall:
         """Start a request at its arrival (a `hold` handle) or now; its page keys come from its tokens."""
         self.catch_up()
@@ -156,6 +226,7 @@ class LiveEngine:
         seed = hash((keys[-1] if keys else 0, tuple(prompt_ids[len(keys) * PAGE_TOKENS :])))
         call = LiveCall(rid, prompt_ids, max_new_tokens, request, tokens.output_ids(seed, max_new_tokens))
         call.submitted_model_s = self.env.now
+        call.streaming = streaming
         request.owner = call
         self.calls[rid] = call
         self.engine.submit(request)
@@ -203,6 +274,7 @@ class LiveEngine:
         assert request.prefill is not None
         counters = self.prefill_counters[request.prefill.index]
         counters.prompt_tokens += request.prompt_tokens
+        counters.prompt_by_stream[_stream(request)] += request.prompt_tokens
         counters.cached_device_tokens += request.cached_gpu_tokens
         counters.cached_host_tokens += request.cached_host_tokens
         counters.fetched_tokens += request.fetched_tokens
@@ -210,18 +282,31 @@ class LiveEngine:
 
     def on_prefill_done(self, request: Request, now: float, uncached_tokens: int) -> None:
         assert request.prefill is not None
-        self.prefill_counters[request.prefill.index].computed_tokens += uncached_tokens
-        self.prefill_counters[request.prefill.index].requests += 1
+        counters = self.prefill_counters[request.prefill.index]
+        counters.computed_tokens += uncached_tokens
+        counters.requests += 1
+        counters.requests_by_stream[_stream(request)] += 1
 
     def on_first_token(self, request: Request, now: float) -> None:
         # The engine reports the first token one decode step ahead; release it at that model time.
         self.env.schedule_at(now, request.owner.first_token.set)
+        if request.decode is not None:
+            key = ("decode", str(request.decode.index), _stream(request))
+            self.ttft.observe(key, now - request.released_at)
 
     def on_request_done(self, request: Request, now: float) -> None:
         assert request.decode is not None
         counters = self.decode_counters[request.decode.index]
         counters.generation_tokens += request.output_tokens
         counters.requests += 1
+        stream = _stream(request)
+        counters.generation_by_stream[stream] += request.output_tokens
+        counters.requests_by_stream[stream] += 1
+        instance = ("decode", str(request.decode.index))
+        self.e2e.observe((*instance, stream), now - request.released_at)
+        if request.output_tokens > 1 and request.first_token_at is not None:
+            # One observation per request of its mean gap (SGLang observes each streamed chunk's).
+            self.itl.observe(instance, (now - request.first_token_at) / (request.output_tokens - 1))
         request.owner.first_token.set()
         request.owner.done.set()
 
@@ -231,10 +316,16 @@ class LiveEngine:
         self.catch_up()
         engine = self.engine
         bootstrap = [0] * len(engine.prefills)
+        inflight = [0] * len(engine.prefills)
         transfer = [0] * len(engine.decodes)
+        retracted = [0] * len(engine.decodes)
         for request in engine.requests.values():
             if request.state == "decode_wait" and request.prefill_done_at is None and request.prefill:
                 bootstrap[request.prefill.index] += 1
+            if request.state == "transfer" and request.prefill is not None:
+                inflight[request.prefill.index] += 1  # prefilled, its KV still being sent
+            if request.state == "decode_wait" and request.retractions and request.decode is not None:
+                retracted[request.decode.index] += 1  # retracted, waiting to resume
             if request.reserved_tokens and request.state != "decode" and request.decode is not None:
                 transfer[request.decode.index] += 1
         records: list[dict[str, float | int | str]] = []
@@ -249,6 +340,7 @@ class LiveEngine:
                     "num_waiting_reqs": len(prefill.waiting) + bootstrap[prefill.index],
                     "num_queue_reqs": len(prefill.waiting),
                     "num_prefill_bootstrap_queue_reqs": bootstrap[prefill.index],
+                    "num_prefill_inflight_queue_reqs": inflight[prefill.index],
                     "num_waiting_uncached_tokens": prefill.backlog_tokens,
                     "num_used_tokens": used * PAGE_TOKENS,
                     "max_total_num_tokens": cache.gpu_capacity * PAGE_TOKENS,
@@ -269,6 +361,7 @@ class LiveEngine:
                     "num_queue_reqs": len(decode.prealloc) + transfer[decode.index],
                     "num_decode_prealloc_queue_reqs": len(decode.prealloc),
                     "num_decode_transfer_queue_reqs": transfer[decode.index],
+                    "num_retracted_reqs": retracted[decode.index],
                     "num_waiting_uncached_tokens": 0,
                     "num_used_tokens": decode.used,
                     "max_total_num_tokens": decode.capacity,
@@ -280,3 +373,7 @@ class LiveEngine:
                 }
             )
         return records
+
+
+def _stream(request: Request) -> str:
+    return "true" if getattr(request.owner, "streaming", False) else "false"

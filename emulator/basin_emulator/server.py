@@ -282,7 +282,14 @@ async def _serve_job(
         if arrival is not None:
             job, respond = parse(_loads(data))
         call = engine.submit(
-            job.rid, job.prompt_ids, job.max_new_tokens, job.session_id, job.priority, job.lend, arrival
+            job.rid,
+            job.prompt_ids,
+            job.max_new_tokens,
+            job.session_id,
+            job.priority,
+            job.lend,
+            arrival,
+            streaming=job.stream,
         )
     finally:
         if arrival is not None:

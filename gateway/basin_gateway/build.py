@@ -9,8 +9,10 @@ predicted by its lengths-only twin, whose features they do carry.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
@@ -34,11 +36,56 @@ DEFAULT_LENGTHS_PREDICTOR = "predictor-terminal-bench-lengths.json"
 
 
 @dataclass(frozen=True)
+class RampResult:
+    """One profiling ramp step as the profile records it: W/C reached, the hit rate and departures there."""
+
+    working_set_over_cache: float
+    hit_rate: float
+    departures_per_min: float
+
+
+@dataclass(frozen=True)
 class LoadedProfile:
     profile: DeploymentProfile
     source: str  # file path or preset name
     fingerprint: str  # the deployment fingerprint the profile was measured on ("" if unknown)
     digest: str  # of the file's content: a reload happens only when it changes
+    profiled_at: float | None = None  # Unix seconds the profiler measured it (None: a preset, or not said)
+    ramps: tuple[tuple[RampResult, ...], ...] = ()  # the ramps' steps as measured (dashboards show them)
+
+
+def _profiled_at(data: dict) -> float | None:
+    value = data.get("profiled_at")
+    if not isinstance(value, str):
+        return None
+    try:
+        when = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return when.timestamp() if when.tzinfo is not None else None
+
+
+def _ramps(data: dict) -> tuple[tuple[RampResult, ...], ...]:
+    """The profile's ramps; steps without a measured W/C or hit rate (NaN or null) are left out."""
+    ramps = data.get("ramps")
+    if not isinstance(ramps, list):
+        return ()
+    out = []
+    for ramp in ramps:
+        steps = []
+        for step in ramp if isinstance(ramp, list) else []:
+            if not isinstance(step, dict):
+                continue
+            try:
+                w = float(step["working_set_over_cache"])
+                h = float(step["hit_rate"])
+                d = float(step.get("departures_per_min", 0.0))
+            except (KeyError, TypeError, ValueError):
+                continue
+            if math.isfinite(w) and math.isfinite(h):
+                steps.append(RampResult(w, h, d))
+        out.append(tuple(steps))
+    return tuple(out)
 
 
 def profile_from_dict(data: dict) -> DeploymentProfile:
@@ -72,7 +119,12 @@ def read_profile(path: str) -> LoadedProfile | None:
     if not isinstance(data, dict):
         raise BasinError(f"{path}: a profile is a JSON object")
     return LoadedProfile(
-        profile_from_dict(data), path, str(data.get("fingerprint", "")), hashlib.sha256(raw).hexdigest()[:16]
+        profile_from_dict(data),
+        path,
+        str(data.get("fingerprint", "")),
+        hashlib.sha256(raw).hexdigest()[:16],
+        _profiled_at(data),
+        _ramps(data),
     )
 
 

@@ -321,13 +321,12 @@ class Coordinator:
                 1.0,
             )
         )
+        if profile is not None:
+            rows += self.profile_rows(profile)
         if isinstance(policy, Basin):
-            prof = policy.profile
-            capacity = max(prof.prefill_gpu_tokens, prof.host_tokens)
             rows += [
                 ("budget_tokens", "B, the admission budget (+Inf: not engaged).", {}, policy.budget),
                 ("b0_tokens", "B0, the budget's anchor.", {}, policy.b0),
-                ("cliff_tokens", "κ·x_k·C, the cliff estimate.", {}, prof.kappa * KNEE * capacity),
                 ("admission_active", "1 while admission is engaged.", {}, float(policy.admit)),
                 ("ordering_active", "1 while ordering is engaged.", {}, float(policy.order)),
                 ("lending_active", "1 while lending is engaged.", {}, float(policy.lend)),
@@ -338,6 +337,44 @@ class Coordinator:
             (n, d, lab, v if v is not None and not (isinstance(v, float) and math.isnan(v)) else math.nan)
             for n, d, lab, v in rows
         ]
+
+    @staticmethod
+    def profile_rows(profile: LoadedProfile) -> list[tuple[str, str, dict[str, str], float]]:
+        """The profile in force, under every policy: the cliff alert compares HiCache alone's working set
+        with κ·x_k·C too, and the dashboards plot κ, λc, the profile's age and its ramps."""
+        prof = profile.profile
+        capacity = max(prof.prefill_gpu_tokens, prof.host_tokens)
+        rows: list[tuple[str, str, dict[str, str], float]] = [
+            ("cliff_tokens", "κ·x_k·C, the cliff estimate.", {}, prof.kappa * KNEE * capacity),
+            ("profile_kappa", "κ of the profile in force.", {}, prof.kappa),
+            ("profile_lambda_c_per_min", "λc of the profile, sessions/min.", {}, prof.lambda_c_per_min),
+            ("profile_cache_tokens", "C: the larger of GPU prefix cache and host tier.", {}, capacity),
+            (
+                "profile_timestamp_seconds",
+                "Unix time the profile in force was measured (NaN: a preset, or not recorded).",
+                {},
+                profile.profiled_at if profile.profiled_at is not None else math.nan,
+            ),
+        ]
+        for r, ramp in enumerate(profile.ramps):
+            for s, step in enumerate(ramp):
+                labels = {"ramp": str(r), "step": str(s)}
+                rows += [
+                    ("profile_ramp_hit_rate", "Hit rate a ramp step settled at.", labels, step.hit_rate),
+                    (
+                        "profile_ramp_working_set_ratio",
+                        "W/C a profiling ramp step reached.",
+                        labels,
+                        step.working_set_over_cache,
+                    ),
+                    (
+                        "profile_ramp_departures_per_min",
+                        "Sessions/min departing during a profiling ramp step.",
+                        labels,
+                        step.departures_per_min,
+                    ),
+                ]
+        return rows
 
     def extra_rows(self) -> list[tuple[str, str, dict[str, str], float]]:
         return [("leader", "1 when this replica makes admission decisions.", {}, 1.0)]

@@ -44,6 +44,12 @@ def _label(sample_labels: dict[str, str], role: str) -> bool:
     return sample_labels.get("engine_type", role) == role
 
 
+# Queue gauges SGLang records as a total under `priority=""` plus one series per priority value when
+# priority scheduling is on (its `_log_gauge_queue_count`): only the total counts. Its token counters carry
+# each request's priority instead, a partition that sums.
+QUEUE_TOTALS = {"decode_waiting_requests"}
+
+
 def totals_from_metrics(text: str, loads: dict | None) -> dict[str, float]:
     """Sums over one engine endpoint's `/metrics` text and `/v1/loads` record list."""
     sums = dict.fromkeys(Totals.__dataclass_fields__, 0.0)
@@ -68,6 +74,8 @@ def totals_from_metrics(text: str, loads: dict | None) -> dict[str, float]:
         for sample in family.samples:
             if sample.name.endswith("_created") or not _label(sample.labels, role):
                 continue
+            if field in QUEUE_TOTALS and sample.labels.get("priority", ""):
+                continue  # a per-priority breakdown beside the total (SGLang's priority scheduling)
             sums[field] += sample.value
     # SGLang's labelled counters appear with their first request (a fresh engine has no
     # sglang:prompt_tokens_total yet: it counts 0); an endpoint without any sglang:* series is no engine.
@@ -186,7 +194,7 @@ class ScrapeSource:
 PROMQL = {
     "prompt_tokens": 'sum(sglang:prompt_tokens_total{engine_type="prefill"})',
     "cached_tokens": 'sum(sglang:cached_tokens_total{engine_type="prefill"})',
-    "decode_waiting_requests": 'sum(sglang:num_decode_prealloc_queue_reqs{engine_type="decode"})',
+    "decode_waiting_requests": 'sum(sglang:num_decode_prealloc_queue_reqs{engine_type="decode",priority=""})',
     "decode_kv_used_tokens": 'sum(sglang:num_used_tokens{engine_type="decode"})',
     "decode_kv_capacity_tokens": 'sum(sglang:max_total_num_tokens{engine_type="decode"})',
     "lent_tokens": 'sum(sglang:basin_lent_tokens{engine_type="decode"})',

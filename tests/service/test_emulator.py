@@ -192,6 +192,17 @@ EXPECTED_METRICS = {
 }
 
 
+SCHEDULER_SERIES = {
+    "sglang:max_total_num_tokens",
+    "sglang:cache_hit_rate",
+    "sglang:prefill_effective_tokens_total",
+    "sglang:kv_transfer_latency_ms_count",
+    "sglang:kv_transfer_latency_ms_sum",
+    "sglang:num_retracted_requests_total",
+    "sglang:num_prefill_inflight_queue_reqs",
+}
+
+
 def _samples(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     text = requests.get(f"{url}/metrics", timeout=10).text
     families = list(text_string_to_metric_families(text))
@@ -204,20 +215,32 @@ def test_metrics_parse_and_count_the_work(emulator) -> None:  # type: ignore[no-
     generate(emulator.url, ids, max_new_tokens=7)
     generate(emulator.url, ids, max_new_tokens=7)
     samples = _samples(emulator.url)
-    labels = {"model_name": "basin-emulated", "tp_rank": "0", "pp_rank": "0", "dp_rank": "0"}
+    # SGLang's tokenizer labels (requests, tokens, latencies) and its scheduler's (queues, KV, retractions).
+    labels = {"model_name": "basin-emulated", "priority": "", "tp_rank": "0", "pp_rank": "0", "dp_rank": "0"}
+    scheduler = {**labels, "moe_ep_rank": "0"}
 
     def value(name: str, **extra: str) -> float:
-        return samples[(name, tuple(sorted({**labels, **extra}.items())))]
+        base = scheduler if name in SCHEDULER_SERIES else labels
+        return samples[(name, tuple(sorted({**base, **extra}.items())))]
 
-    assert value("sglang:prompt_tokens_total", engine_type="prefill") == 6_400
+    assert value("sglang:prompt_tokens_total", engine_type="prefill", is_streaming="false") == 6_400
+    assert value("sglang:prompt_tokens_total", engine_type="prefill", is_streaming="true") == 0
     # 3,200 tokens are 50 full pages: the repeat hits all of them and computes nothing new.
     assert value("sglang:cached_tokens_total", engine_type="prefill", cache_source="device") == 3_200
     assert value("sglang:prefill_effective_tokens_total", engine_type="prefill", mode="input") == 3_200
     assert value("sglang:prefill_effective_tokens_total", engine_type="prefill", mode="device_hit") == 3_200
-    assert value("sglang:generation_tokens_total", engine_type="decode") == 14
-    assert value("sglang:num_requests_total", engine_type="decode") == 2
+    assert value("sglang:generation_tokens_total", engine_type="decode", is_streaming="false") == 14
+    assert value("sglang:num_requests_total", engine_type="decode", is_streaming="false") == 2
     assert value("sglang:max_total_num_tokens", engine_type="decode") > 0
     assert 0 < value("sglang:cache_hit_rate", engine_type="prefill") < 1
+    # Two answered requests: two first tokens, two end-to-end latencies, one KV transfer each, no retraction.
+    assert value("sglang:time_to_first_token_seconds_count", engine_type="decode", is_streaming="false") == 2
+    assert value("sglang:e2e_request_latency_seconds_count", engine_type="decode", is_streaming="false") == 2
+    assert value("sglang:inter_token_latency_seconds_count", engine_type="decode") == 2
+    assert value("sglang:kv_transfer_latency_ms_count", engine_type="prefill") == 2
+    assert value("sglang:kv_transfer_latency_ms_sum", engine_type="prefill") > 0
+    assert value("sglang:num_retracted_requests_total", engine_type="decode") == 0
+    assert value("sglang:num_prefill_inflight_queue_reqs", engine_type="prefill") == 0
 
 
 BAD_REQUESTS = [

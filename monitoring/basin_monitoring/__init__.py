@@ -1,0 +1,1 @@
+"""Basin's monitoring as code: Grafana dashboards and Prometheus alert rules, generated into the chart."""

@@ -1,0 +1,227 @@
+"""The chart's dashboards and alert rules against a real Prometheus (Debian `prometheus`) that scraped the
+gateway (with Redis) and the emulator through a short surge run (`basin replay`, x20 time scale): every
+PromQL expression returns data, and the trap-signature and cliff alerts fire under HiCache alone
+(`--policy passthrough`) and stay silent under BASIN.
+
+The rules are loaded time-scaled (`alerts.render(20)`: every window and `for:` divided by 20, as the
+emulator divides model time), so the 34 model minutes of the run are the 102 wall seconds Prometheus sees.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+from gateway_helpers import BASIN, Process, free_port, start_emulator, start_gateway, start_redis, wait_for
+
+from basin_gateway.build import preset_profile
+from basin_monitoring import alerts, dashboards
+
+pytestmark = [pytest.mark.service, pytest.mark.slow]
+
+SCALE = 20
+RATE_INTERVAL = "20s"  # what Grafana's $__rate_interval stands for here (a 6.7-model-minute window)
+SCENARIO = ["--base-rate", "8", "--surge-factor", "5", "--surge-start-min", "3", "--surge-minutes", "12",
+            "--duration-min", "34", "--seed", "0"]  # fmt: skip
+EARLY_WARNING, TRAP = "BasinApproachingCacheCliff", "BasinCacheTrap"
+
+
+def profile_document() -> str:
+    """The profile `--deployment h200-1p3d` assumes, as the profiler would write it (measurement time and
+    one ramp added: the profiling dashboard's panels read them)."""
+    profile = dataclasses.asdict(preset_profile("h200-1p3d").profile)
+    ramp = [
+        {"working_set_over_cache": 0.9, "hit_rate": 0.95, "departures_per_min": 4.0},
+        {"working_set_over_cache": 1.7, "hit_rate": 0.84, "departures_per_min": 7.5},
+        {"working_set_over_cache": 2.4, "hit_rate": 0.35, "departures_per_min": 5.0},
+    ]
+    profiled_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 3600))
+    return json.dumps({**profile, "profiled_at": profiled_at, "ramps": [ramp], "fingerprint": ""})
+
+
+def start_prometheus(tmp: Path, targets: dict[str, str]) -> Process:
+    binary = shutil.which("prometheus")
+    if binary is None:
+        raise RuntimeError("prometheus is not on PATH (Debian: apt-get install prometheus)")
+    rules = tmp / "basin.yaml"
+    rules.write_text(alerts.render(SCALE))
+    jobs = "".join(
+        f"  - job_name: {job}\n    static_configs: [{{targets: ['{url.removeprefix('http://')}']}}]\n"
+        for job, url in targets.items()
+    )
+    config = tmp / "prometheus.yml"
+    config.write_text(
+        # 3 s (a model minute) between scrapes, and as long to answer: on a loaded machine an emulator busy
+        # with a trapped surge takes seconds, and a failed scrape leaves a gap that resets an alert's `for:`.
+        "global: {scrape_interval: 3s, scrape_timeout: 3s, evaluation_interval: 1s}\n"
+        f"rule_files: ['{rules}']\nscrape_configs:\n{jobs}"
+    )
+    port = free_port()
+    process = subprocess.Popen(
+        [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    prometheus = Process(process, port, [])
+
+    def ready() -> bool:
+        try:
+            return requests.get(f"{prometheus.url}/-/ready", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    wait_for(ready, "prometheus", 60)
+    return prometheus
+
+
+@dataclasses.dataclass
+class Run:
+    prometheus: str
+    start: float
+    end: float
+    result: dict
+
+    def query_range(self, expr: str) -> list[dict]:
+        answer = requests.get(
+            f"{self.prometheus}/api/v1/query_range",
+            params={"query": expr, "start": self.start, "end": self.end, "step": "2s"},
+            timeout=30,
+        ).json()
+        assert answer["status"] == "success", (expr, answer)
+        return answer["data"]["result"]
+
+    def finite_values(self, expr: str) -> list[float]:
+        return [
+            float(v)
+            for series in self.query_range(expr)
+            for _, v in series["values"]
+            if math.isfinite(float(v))
+        ]
+
+    def fired(self, alert: str) -> bool:
+        return bool(self.finite_values(f'ALERTS{{alertname="{alert}", alertstate="firing"}}'))
+
+
+def surge(policy: str, tmp: Path) -> Iterator[Run]:
+    """One replay through one gateway (with Redis, so leader and Redis series exist), Prometheus watching."""
+    tmp.mkdir()
+    started: list[Process] = []
+    try:
+        emulator = start_emulator("--deployment", "h200-1p3d", "--time-scale", str(SCALE))
+        started.append(emulator)
+        redis = start_redis(tmp)
+        started.append(redis)
+        profile = tmp / "profile.json"
+        profile.write_text(profile_document())
+        gateway = start_gateway(
+            emulator.url, "--profile", str(profile), "--time-scale", str(SCALE), "--policy", policy,
+            "--redis", redis.url, "--deployment-name", f"monitoring-{policy}",
+        )  # fmt: skip
+        started.append(gateway)
+        prometheus = start_prometheus(tmp, {"gateway": gateway.url, "engines": emulator.url})
+        started.append(prometheus)
+        out = tmp / "replay.json"
+        start = time.time()
+        command = [BASIN, "replay", "--target", gateway.url, "--api", "sglang", "--time-scale", str(SCALE),
+                   "--quiet", "--json", str(out), *SCENARIO]  # fmt: skip
+        replay = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+        assert replay.returncode == 0, replay.stdout + replay.stderr
+        time.sleep(3)  # two more scrapes and rule evaluations after the last call (not an assertion)
+        end = time.time()
+        for process in (gateway, redis, emulator):  # Prometheus keeps what it recorded, for the tests
+            process.stop()
+        yield Run(prometheus.url, start, end, json.loads(out.read_text()))
+    finally:
+        for process in reversed(started):
+            process.stop()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
+    tmp = tmp_path_factory.mktemp("monitoring")
+    generators = {policy: surge(policy, tmp / policy) for policy in ("passthrough", "basin")}
+    try:
+        yield {policy: next(generator) for policy, generator in generators.items()}
+    finally:
+        for generator in generators.values():
+            generator.close()
+
+
+def _show(run: Run, policy: str) -> None:
+    """The signals the two alerts read, every ~3 model minutes, for the log."""
+    signals = {
+        "hit": "basin:prefix_hit_rate:rate",
+        "baseline": "basin:prefix_hit_rate:baseline",
+        "active": "basin:sessions_active:leader",
+        "W/cliff": "basin:working_set_tokens:leader / basin:cliff_tokens:max",
+        "fall10m": f"basin:prefix_hit_rate:rate offset {alerts.scaled(alerts.W['trend'], SCALE)}"
+        " - basin:prefix_hit_rate:rate",
+    }
+    table: dict[float, dict[str, float]] = {}
+    for name, expr in signals.items():
+        for series in run.query_range(expr):
+            for t, v in series["values"][::5]:
+                table.setdefault(round(t - run.start), {})[name] = round(float(v), 3)
+    for t in sorted(table):
+        print(policy, f"{t * SCALE / 60:5.1f} model min", table[t])
+
+
+def test_the_cliff_and_trap_alerts_fire_under_hicache_alone_and_stay_silent_under_basin(
+    runs: dict[str, Run],
+) -> None:
+    for policy, run in runs.items():
+        _show(run, policy)
+        fired = {a: run.fired(a) for a in (EARLY_WARNING, TRAP)}
+        print(policy, fired, "late hit", run.result["hit_rate_late"], "load average", os.getloadavg())
+    assert runs["passthrough"].fired(EARLY_WARNING)
+    assert runs["passthrough"].fired(TRAP)
+    assert not runs["basin"].fired(EARLY_WARNING)
+    assert not runs["basin"].fired(TRAP)
+
+
+def _dashboard_expr(expr: str) -> str:
+    return expr.replace("$__rate_interval", RATE_INTERVAL).replace("$namespace", ".*")
+
+
+def test_every_dashboard_query_returns_data(runs: dict[str, Run]) -> None:
+    """Under BASIN every series exists (HiCache alone has no budget or flags); a misspelled metric or label
+    returns nothing and fails here."""
+    run = runs["basin"]
+    empty = [
+        (name, expr)
+        for name in dashboards.DASHBOARDS
+        for expr in dashboards.expressions(name)
+        if not run.finite_values(_dashboard_expr(expr))
+    ]
+    assert not empty, empty
+
+
+def test_every_rule_expression_returns_data(runs: dict[str, Run]) -> None:
+    """Each recording rule and each alert condition's signal (its threshold applied, the alert may rightly
+    be silent) returns data in the run whose policy produces it."""
+    run = runs["basin"]
+    exprs = [expr for _, expr in alerts.recording(SCALE)]
+    for alert in alerts.alerts(SCALE):
+        for condition in alert.conditions:
+            exprs.append(condition.signal)
+            if not _is_number(condition.threshold):
+                exprs.append(condition.threshold)
+    empty = [expr for expr in exprs if not run.finite_values(expr)]
+    assert not empty, empty
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
