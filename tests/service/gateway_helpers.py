@@ -21,6 +21,17 @@ from basin_gateway.local import start_emulator as start_emulator
 from basin_gateway.local import start_gateway as start_gateway
 from basin_gateway.local import start_redis as _start_redis
 
+# A profile whose tiny κ makes BASIN's admission engage under a light replay (B0 = m·κ·x_k·C ≈ 34K tokens).
+TINY_KAPPA_PROFILE = {
+    "kappa": 0.02,
+    "lambda_c_per_min": 1.0,
+    "prefill_gpu_tokens": 1_000_000,
+    "host_tokens": 0,
+    "decode_kv_tokens": 2_000_000,
+    "prefill_tokens_per_s": 50_000.0,
+    "fingerprint": "test",
+}
+
 
 def start_redis(tmp: Path, port: int | None = None) -> Process:
     """A throwaway redis-server; the service tests need a real one, so its absence is an error."""

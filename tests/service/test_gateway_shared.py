@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 from gateway_helpers import (
+    TINY_KAPPA_PROFILE,
     Process,
     RoundRobin,
     metric,
@@ -30,15 +31,7 @@ pytestmark = pytest.mark.service
 
 SCALE = "20"
 TTL = 1.0
-PROFILE = {
-    "kappa": 0.02,
-    "lambda_c_per_min": 1.0,
-    "prefill_gpu_tokens": 1_000_000,
-    "host_tokens": 0,
-    "decode_kv_tokens": 2_000_000,
-    "prefill_tokens_per_s": 50_000.0,
-    "fingerprint": "test",
-}
+PROFILE = TINY_KAPPA_PROFILE
 B0 = 0.9 * 0.02 * 1.9 * 1_000_000  # m·κ·x_k·C
 
 

@@ -21,17 +21,25 @@ from pathlib import Path
 
 import pytest
 import requests
-from gateway_helpers import BASIN, Process, free_port, start_emulator, start_gateway, start_redis, wait_for
+from gateway_helpers import (
+    Process,
+    free_port,
+    replay_command,
+    start_emulator,
+    start_gateway,
+    start_redis,
+    wait_for,
+)
 
 from basin_gateway.build import preset_profile
+from basin_gateway.local import surge_replay
 from basin_monitoring import alerts, dashboards
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
 
 SCALE = 20
 RATE_INTERVAL = "20s"  # what Grafana's $__rate_interval stands for here (a 6.7-model-minute window)
-SCENARIO = ["--base-rate", "8", "--surge-factor", "5", "--surge-start-min", "3", "--surge-minutes", "12",
-            "--duration-min", "34", "--seed", "0"]  # fmt: skip
+SCENARIO = [*surge_replay(34), "--seed", "0"]  # `basin up`'s surge, with 19 model minutes after it
 EARLY_WARNING, TRAP = "BasinApproachingCacheCliff", "BasinCacheTrap"
 HELD = 0.8  # a late hit rate at which BASIN held the deployment (the gateway issue's target)
 
@@ -132,8 +140,7 @@ def surge(policy: str, tmp: Path) -> Iterator[Run]:
         started.append(prometheus)
         out = tmp / "replay.json"
         start = time.time()
-        command = [BASIN, "replay", "--target", gateway.url, "--api", "sglang", "--time-scale", str(SCALE),
-                   "--quiet", "--json", str(out), *SCENARIO]  # fmt: skip
+        command = replay_command(gateway.url, str(SCALE), out, *SCENARIO)
         replay = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
         assert replay.returncode == 0, replay.stdout + replay.stderr
         time.sleep(3)  # two more scrapes and rule evaluations after the last call (not an assertion)

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from gateway_helpers import metric, start_emulator, start_gateway
+from gateway_helpers import TINY_KAPPA_PROFILE, metric, start_emulator, start_gateway
 
 from basin.sim.deployments import get_deployment
 from basin.workload import load_workload
@@ -21,15 +21,7 @@ pytestmark = [pytest.mark.service, pytest.mark.slow]
 
 SCALE = 20.0
 TOKEN = "profiler-shared-secret"
-PROFILE = {  # a tiny κ: admission engages at once (as in test_gateway_shared.py)
-    "kappa": 0.02,
-    "lambda_c_per_min": 1.0,
-    "prefill_gpu_tokens": 1_000_000,
-    "host_tokens": 0,
-    "decode_kv_tokens": 2_000_000,
-    "prefill_tokens_per_s": 50_000.0,
-    "fingerprint": "test",
-}
+PROFILE = TINY_KAPPA_PROFILE  # admission engages at once
 
 
 def ramp(target: str, headers: dict[str, str]) -> Replay:
