@@ -8,6 +8,7 @@ SGLang venv has SGLang's dependencies, not the gateway's (Redis, scikit-learn)."
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 import requests
-from test_live import basin, call_body, calls_since, poll
+from test_live import basin, call_body, calls_since, generate, poll, token_ids
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 
@@ -100,3 +101,53 @@ def test_sglang_s_own_request_metrics_survive_the_plugin(live_pair: Any, live_ga
     for role in ("prefill", "decode"):
         assert live_pair.metrics(role)["sglang:prompt_tokens_total"] > 0, role
     assert live_pair.metrics("decode")["sglang:time_to_first_token_seconds_count"] > 0
+
+
+def test_basin_s_lending_and_ordering_reach_the_live_engines(live_pair: Any, tmp_path: Path) -> None:
+    """`basin gateway run --policy basin` with a profile whose tiny κ puts the live pair past BASIN's
+    thresholds at once: after a control step lending and ordering are engaged, and the session's next
+    call carries the policy's lend mark and priority to both engines; decode keeps its unit."""
+    sys.path.insert(0, str(REPO / "gateway"))
+    from basin_gateway.local import start_server
+
+    pair = live_pair
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({
+        "kappa": 0.001, "lambda_c_per_min": 1.0, "prefill_gpu_tokens": pair.max_total_tokens,
+        "host_tokens": 0, "decode_kv_tokens": pair.max_total_tokens, "prefill_tokens_per_s": 1000.0,
+        "fingerprint": "",
+    }))  # fmt: skip
+    command = [
+        main_venv_basin(), "gateway", "run", "--host", "127.0.0.1", "--port", "0", "--policy", "basin",
+        "--profile", str(profile), "--prefill", pair.prefill_url, str(pair.bootstrap_port),
+        "--decode", pair.decode_url,
+    ]  # fmt: skip
+    env = {"BASIN_POLICY_INTERVAL_S": "1", "BASIN_POLICY_FAST_INTERVAL_S": "1"}
+    gateway = start_server(command, r"serving at http://127\.0\.0\.1:(\d+)", "the gateway", env=env)
+    try:
+        session, url = "gateway-basin", gateway.url
+
+        def send(rid: str, prompt: list[int]) -> list[dict[str, Any]]:
+            seen = {role: len(pair.received(role)) for role in ("prefill", "decode")}
+            body = {**generate(prompt, 4, rid=rid), "model": str(pair.model)}  # no priority, no marks
+            headers = {"X-Session-ID": session}
+            answer = requests.post(f"{url}/generate", json=body, headers=headers, timeout=300)
+            assert answer.status_code == 200, answer.text
+            return [
+                poll(lambda role=role: calls_since(pair, role, seen[role]), f"{role} logs {rid}")[0]["obj"]
+                for role in ("prefill", "decode")
+            ]
+
+        first = token_ids(120, seed=11)
+        send("gb-1", first)  # the session is admitted and resident: BASIN's working set is now past its B0
+        poll(lambda: metric(url, "basin_gateway_lending_active") == 1, "lending engaged", 120)
+        poll(lambda: metric(url, "basin_gateway_ordering_active") == 1, "ordering engaged", 120)
+        units = basin(pair, "decode")["lent_units"]
+        for obj in send("gb-2", first + token_ids(40, seed=12)):  # the conversation grew
+            custom = obj["sampling_params"]["custom_params"]
+            assert custom == {"basin_session": session, "basin_lend": True}
+            assert isinstance(obj["priority"], int)
+        poll(lambda: basin(pair, "decode")["lent_units"] == units + 1, "decode keeps the lent unit", 60)
+    finally:
+        gateway.stop()
+    assert "Traceback" not in gateway.text()
