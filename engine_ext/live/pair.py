@@ -137,6 +137,14 @@ def get(url: str, timeout: float = 10.0) -> tuple[int, str]:
     return r.status_code, r.text
 
 
+# How a bind on a taken port reads in the logs: sglang-router (Rust), uvicorn, ZMQ.
+PORT_CLASH = re.compile(r"address already in use|errno 98", re.IGNORECASE)
+
+
+class PortTaken(RuntimeError):
+    """A server exited because a port it was given was taken (its log says so, anywhere in it)."""
+
+
 def wait_healthy(processes: Iterable[tuple[Process, str]], deadline_s: float) -> None:
     """Poll each process's health URL until all answer 200; fail at once when one exits, and at the
     deadline with every log's tail."""
@@ -145,7 +153,8 @@ def wait_healthy(processes: Iterable[tuple[Process, str]], deadline_s: float) ->
     while pending:
         for process, url in list(pending):
             if not process.alive():
-                raise RuntimeError(f"{process.name} exited ({process.proc.returncode}):\n{process.tail()}")
+                kind = PortTaken if PORT_CLASH.search(process.log()) else RuntimeError
+                raise kind(f"{process.name} exited ({process.proc.returncode}):\n{process.tail()}")
             if get(url, timeout=5.0)[0] == 200:
                 pending.remove((process, url))
         if not pending:
@@ -158,10 +167,6 @@ def wait_healthy(processes: Iterable[tuple[Process, str]], deadline_s: float) ->
         time.sleep(1.0)
 
 
-# How a bind on a taken port reads in the logs: sglang-router (Rust), uvicorn, ZMQ.
-PORT_CLASH = re.compile(r"address already in use|errno 98", re.IGNORECASE)
-
-
 def retry_on_port_clash(launch: Callable[[], list[Process]], attempts: int = 3) -> None:
     """Run `launch` (which picks its own free ports); when a process it started exited because its port
     was taken meanwhile, stop what it started and launch again on new ports, up to `attempts` times."""
@@ -169,8 +174,8 @@ def retry_on_port_clash(launch: Callable[[], list[Process]], attempts: int = 3) 
         try:
             launch()
             return
-        except RuntimeError as error:
-            if attempt == attempts or not PORT_CLASH.search(str(error)):
+        except PortTaken as error:
+            if attempt == attempts:
                 raise
             print(f"port taken before a server bound it, relaunching ({attempt}/{attempts}): {error}")
 

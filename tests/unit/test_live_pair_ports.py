@@ -68,3 +68,24 @@ def test_other_failures_are_not_retried(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="model not found"):
         retry_on_port_clash(launch)
     assert len(calls) == 1
+
+
+def test_a_clash_far_above_the_log_s_tail_is_still_recognised(tmp_path: Path) -> None:
+    """SGLang logs the bind error, then pages of tracebacks from its warm-up thread (seen in a live run)."""
+    script = "print('ERROR: [Errno 98] address already in use'); print('x' * 20000); raise SystemExit(3)"
+    attempts: list[Process] = []
+
+    def launch() -> list[Process]:
+        argv = [sys.executable, "-c", script] if not attempts else [sys.executable, "-m", "http.server", "0"]
+        server = start(f"noisy-{len(attempts)}", argv, {}, tmp_path)
+        attempts.append(server)
+        if len(attempts) == 1:
+            wait_healthy([(server, f"http://{HOST}:{free_port()}/")], 30.0)
+        return [server]
+
+    try:
+        retry_on_port_clash(launch)
+        assert len(attempts) == 2
+    finally:
+        for server in attempts:
+            server.stop()
