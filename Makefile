@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-engine test-live lint venv clean crds system-deps images tools
+.PHONY: demo test test-engine test-live lint venv clean crds system-deps images tools sglang-venv
 
 $(BIN)/basin: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,7 +42,7 @@ tools: venv
 	PYTHON=$(BIN)/python bash helm/get-tools.sh
 
 # Both suites always run, so one failing does not hide the other's result; the exit status is theirs.
-test: lint system-deps tools
+test: lint system-deps tools sglang-venv
 	status=0; $(BIN)/python -m pytest -m "not engine" || status=$$?; \
 	$(MAKE) test-engine || status=1; exit $$status
 
@@ -51,8 +51,11 @@ test: lint system-deps tools
 # dependencies so SGLang's plugin loader finds the `basin` entry point.
 SGLANG_VENV ?= $(HOME)/.cache/basin/sglang-venv
 
-test-engine:
+# The main suite reads SGLang's own source too (the emulator's metric names against SGLang's collector).
+sglang-venv:
 	bash engine_ext/make-venv.sh $(SGLANG_VENV)
+
+test-engine: sglang-venv
 	$(SGLANG_VENV)/bin/pip install --quiet --no-deps --no-build-isolation -e .
 	UCX_NET_DEVICES=lo $(SGLANG_VENV)/bin/python -m pytest -m engine tests/engine
 	$(MAKE) test-live

@@ -28,7 +28,7 @@ def collector_source() -> Path:
     for site in sorted(venv.glob("lib/python3*/site-packages")):
         if (site / COLLECTOR).exists():
             return site / COLLECTOR
-    pytest.skip(f"SGLang's source is not installed under {venv} (make test-engine builds that venv)")
+    pytest.fail(f"SGLang's source is not installed under {venv} (`make test` builds that venv first)")
 
 
 def _label_names(node: ast.expr, base: set[str]) -> set[str]:
