@@ -129,6 +129,24 @@ def schedule_options():  # type: ignore[no-untyped-def]
     )
 
 
+def warm_sessions_option():  # type: ignore[no-untyped-def]
+    """Where a run starts (simulate, replay): with the steady population already running, so a surge
+    early in the run meets the load it would meet in production, and both start from the same one."""
+    return click.option(
+        "--warm-sessions",
+        type=int,
+        default=None,
+        help="Sessions running at time 0, joined mid-trajectory (a replay first sends each one's"
+        " previous prompt for one token, so the server caches it). Default: rate x unloaded lifetime.",
+    )
+
+
+def _warm_sessions(value: int | None) -> int | None:
+    if value is not None and value < 0:
+        raise BasinError(f"--warm-sessions must not be negative, got {value}")
+    return value
+
+
 def endpoint_options(help_prefix: str = ""):  # type: ignore[no-untyped-def]
     """How a live run talks to its endpoint (replay, profile --target): time scale, wire format, model."""
     return _options(
@@ -339,12 +357,7 @@ def workload_export(
     help="poisson: draw sessions at --base-rate (and the surge); trace: replay each session of a"
     " Mooncake trace once, at the trace's own timestamps.",
 )
-@click.option(
-    "--warm-sessions",
-    type=int,
-    default=None,
-    help="Sessions running at time 0, joined mid-trajectory. Default: rate x unloaded lifetime.",
-)
+@warm_sessions_option()
 @click.option(
     "--terminate-surge-sessions",
     is_flag=True,
@@ -410,8 +423,7 @@ def simulate(
     schedule = _schedule(
         base_rate, surge_factor, surge_start_min, surge_minutes, post_surge_rate, duration_min
     )
-    if warm_sessions is not None and warm_sessions < 0:
-        raise BasinError(f"--warm-sessions must not be negative, got {warm_sessions}")
+    warm_sessions = _warm_sessions(warm_sessions)
     for path in (json_out, plot_out):
         if path and path != "-":
             _writable(path)
@@ -541,6 +553,7 @@ def emulate(
 )
 @workload_options(default="terminal-bench")
 @schedule_options()
+@warm_sessions_option()
 @endpoint_options()
 @click.option(
     "--max-concurrency", type=int, default=512, show_default=True, help="Requests in flight at most."
@@ -582,6 +595,7 @@ def replay(
     surge_minutes: float,
     post_surge_rate: float | None,
     duration_min: float,
+    warm_sessions: int | None,
     time_scale: float | None,
     api: str,
     model: str,
@@ -601,6 +615,7 @@ def replay(
     from urllib.parse import urlparse
 
     from basin.sim.deployments import GPUS
+    from basin.sim.simulator import estimate_warm_sessions
     from basin.workload import load_workload
 
     try:
@@ -614,6 +629,7 @@ def replay(
         raise BasinError(f"--time-scale must be positive, got {time_scale}")
     if max_concurrency < 1 or max_errors < 1:
         raise BasinError("--max-concurrency and --max-errors must be at least 1")
+    warm_sessions = _warm_sessions(warm_sessions)
     schedule = _schedule(
         base_rate, surge_factor, surge_start_min, surge_minutes, post_surge_rate, duration_min
     )
@@ -642,6 +658,9 @@ def replay(
         max_errors=max_errors,
         model=model,
         cache_tokens=server.cache_tokens,
+        warm_sessions=(
+            estimate_warm_sessions(GPUS[gpu], pool, base_rate) if warm_sessions is None else warm_sessions
+        ),
     )
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -683,6 +702,7 @@ def replay(
         "duration_min": duration_min,
         "time_scale": time_scale,
         "reference_gpu": gpu,
+        "warm_sessions": config.warm_sessions,
         **result.summary.to_dict(),
         "requests": counts.requests,
         "answered": counts.answered,

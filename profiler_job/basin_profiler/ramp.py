@@ -348,7 +348,7 @@ class LiveRun:
                 cache_tokens=cache_tokens,
                 headers=s.headers,
                 # the simulator's warm start: the steady population at the first rate, caches primed
-                warm_sessions=estimate_warm_sessions(s.deployment, pool, p.rates[0]),
+                warm_sessions=estimate_warm_sessions(s.deployment.gpu, pool, p.rates[0]),
             )
 
             def progress(step: int, model_s: float, ramp: int = ramp) -> None:

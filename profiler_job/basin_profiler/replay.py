@@ -325,40 +325,10 @@ class Replay:
         self, record: SessionRecord, index: int, prompt: list[int], output_tokens: int, final: bool
     ) -> tuple[_Answer, CallRecord]:
         """Send one call, waiting out 429s; returns the answer and the call's record."""
-        headers = {
-            **self.config.headers,
-            SESSION_HEADER: record.session_id,
-            "Content-Type": "application/json",
-        }
+        headers = {SESSION_HEADER: record.session_id}
         if final:
             headers[FINAL_HEADER] = "1"
-        url, body = self._request(prompt, output_tokens)
-        while True:
-            released = self.now()
-            try:
-                async with self._semaphore:
-                    self.counts.requests += 1
-                    async with self._http.post(url, data=body, headers=headers) as response:
-                        if response.status == 429:
-                            self.counts.parked_answers += 1
-                            self.parked.add(record.session_id)
-                            self.active.pop(record.session_id, None)
-                            retry = _retry_after(response.headers.get("Retry-After"))
-                        elif response.status == 503:
-                            outcome = response.headers.get(OUTCOME_HEADER, "shed")
-                            raise _Outcome(outcome if outcome in ("shed", "rejected") else "shed")
-                        elif response.status != 200:
-                            detail = (await response.text())[:200]
-                            self._error("failed_requests", f"HTTP {response.status} from {url}: {detail}")
-                            raise _Outcome("failed")
-                        else:
-                            answer = await self._read(response)
-                            break
-            except (aiohttp.ClientError, TimeoutError, ValueError) as error:  # orjson errors are ValueErrors
-                kind = "failed_requests" if isinstance(error, ValueError) else "connection_errors"
-                self._error(kind, f"{type(error).__name__} from {url}: {error}")
-                raise _Outcome("failed") from None
-            await asyncio.sleep(retry)
+        answer, released = await self._send(record.session_id, prompt, output_tokens, headers)
         self.counts.answered += 1
         self.parked.discard(record.session_id)
         self.active[record.session_id] = len(prompt)
@@ -381,26 +351,47 @@ class Replay:
 
     async def _prime(self, sid: str, rng: np.random.Generator, prompt_tokens: int) -> list[int]:
         """A warm session's previous prompt, sent for one token so the server caches it (not recorded as
-        a call); returns the history its next call resends."""
+        a call); returns the history its next call resends. Through a gateway it is the session's first
+        call, parked or shed like any other."""
         prompt = tokens.filler(rng, prompt_tokens)
-        url, body = self._request(prompt, 1)
-        headers = {SESSION_HEADER: sid, "Content-Type": "application/json"}
-        try:
-            async with self._semaphore:
-                self.counts.requests += 1
-                async with self._http.post(url, data=body, headers=headers) as response:
-                    if response.status != 200:
-                        detail = (await response.text())[:200]
-                        self._error("failed_requests", f"HTTP {response.status} from {url}: {detail}")
-                        raise _Outcome("failed")
-                    answer = await self._read(response)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as error:
-            kind = "failed_requests" if isinstance(error, ValueError) else "connection_errors"
-            self._error(kind, f"{type(error).__name__} from {url}: {error}")
-            raise _Outcome("failed") from None
+        answer, _ = await self._send(sid, prompt, 1, {SESSION_HEADER: sid})
         if self.config.api == "openai":
             prompt = self._chat_ids(prompt)
         return prompt + answer.output
+
+    async def _send(
+        self, sid: str, prompt: list[int], output_tokens: int, call_headers: Mapping[str, str]
+    ) -> tuple[_Answer, float]:
+        """POST one call until it is answered, as the client contract says: a 429 is waited out
+        (Retry-After) and sent again, a 503 ends the session; returns the answer and when the attempt
+        that was answered left."""
+        headers = {**self.config.headers, **call_headers, "Content-Type": "application/json"}
+        url, body = self._request(prompt, output_tokens)
+        while True:
+            released = self.now()
+            try:
+                async with self._semaphore:
+                    self.counts.requests += 1
+                    async with self._http.post(url, data=body, headers=headers) as response:
+                        if response.status == 429:
+                            self.counts.parked_answers += 1
+                            self.parked.add(sid)
+                            self.active.pop(sid, None)
+                            retry = _retry_after(response.headers.get("Retry-After"))
+                        elif response.status == 503:
+                            outcome = response.headers.get(OUTCOME_HEADER, "shed")
+                            raise _Outcome(outcome if outcome in ("shed", "rejected") else "shed")
+                        elif response.status != 200:
+                            detail = (await response.text())[:200]
+                            self._error("failed_requests", f"HTTP {response.status} from {url}: {detail}")
+                            raise _Outcome("failed")
+                        else:
+                            return await self._read(response), released
+            except (aiohttp.ClientError, TimeoutError, ValueError) as error:  # orjson errors are ValueErrors
+                kind = "failed_requests" if isinstance(error, ValueError) else "connection_errors"
+                self._error(kind, f"{type(error).__name__} from {url}: {error}")
+                raise _Outcome("failed") from None
+            await asyncio.sleep(retry)
 
     def _error(self, kind: str, message: str) -> None:
         setattr(self.counts, kind, getattr(self.counts, kind) + 1)

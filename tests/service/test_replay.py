@@ -55,7 +55,7 @@ def test_replay_on_the_emulator_agrees_with_the_simulator(  # type: ignore[no-un
     out = tmp_path / "replay.json"
     replay = run_basin(
         "replay", "--target", emulator.url, "--time-scale", scale, "--api", "sglang", "--quiet",
-        "--json", str(out), *scenario,
+        "--warm-sessions", "0", "--json", str(out), *scenario,
     )  # fmt: skip
     assert replay.returncode == 0, replay.stderr
     live = json.loads(out.read_text())
@@ -85,6 +85,37 @@ def test_openai_replay_reuses_prefixes_through_the_chat_route(emulator_factory) 
     assert payload["answered"] > 50 and payload["connection_errors"] == 0
     assert payload["reference_gpu"] == "h200"  # read from the emulator's /get_server_info
     assert payload["hit_rate_pre"] > 0.6  # returning calls resend their history and hit
+
+
+def test_replay_starts_warm_as_the_simulator_does(emulator_factory) -> None:  # type: ignore[no-untyped-def]
+    """Without --warm-sessions a replay begins with the simulator's steady population (rate x unloaded
+    lifetime on the emulator's GPU), each warm session priming the cache with its previous prompt: a
+    surge minutes into the run meets the load it meets in `basin simulate`, not an empty engine."""
+    emulator = emulator_factory("--deployment", "h200-1p1d", "--time-scale", "60")
+    scenario = ["--base-rate", "3", "--duration-min", "3", "--seed", "2"]
+    result = run_basin(
+        "replay", "--target", emulator.url, "--api", "sglang", "--quiet", "--json", "-", *scenario
+    )
+    assert result.returncode == 0, result.stderr
+    live = json.loads(result.stdout)
+    simulated = run_basin("simulate", "--deployment", "h200-1p1d", "--quiet", "--json", "-", *scenario)
+    assert simulated.returncode == 0, simulated.stderr
+    model = json.loads(simulated.stdout)
+    assert live["warm_sessions"] == model["warm_sessions"] > 5
+    # the primes are answered and cached: warm sessions' next calls hit from the first minute
+    assert live["connection_errors"] == 0 and live["hit_rate_pre"] > 0.6
+    cold = run_basin("replay", "--target", emulator.url, "--api", "sglang", "--quiet", "--json", "-",
+                     "--warm-sessions", "0", *scenario)  # fmt: skip
+    assert cold.returncode == 0, cold.stderr
+    assert json.loads(cold.stdout)["warm_sessions"] == 0
+    assert json.loads(cold.stdout)["requests"] < live["requests"]
+
+
+def test_negative_warm_sessions_is_refused() -> None:
+    result = run_basin(
+        "replay", "--target", "http://127.0.0.1:9", "--base-rate", "1", "--warm-sessions", "-1"
+    )
+    assert result.returncode == 2 and "--warm-sessions must not be negative" in result.stderr
 
 
 class GatewayStub:
@@ -144,9 +175,10 @@ def gateway() -> Iterator[GatewayStub]:
 
 
 def test_429_parks_and_503_sheds(gateway: GatewayStub) -> None:
+    """Cold sessions only: each one's first call is parked once, served, and its second call shed."""
     result = run_basin(
         "replay", "--target", f"http://127.0.0.1:{gateway.port}", "--time-scale", "200", "--quiet",
-        "--base-rate", "3", "--duration-min", "30", "--seed", "3", "--json", "-",
+        "--base-rate", "3", "--duration-min", "30", "--seed", "3", "--warm-sessions", "0", "--json", "-",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr  # parking and shedding are answers, not errors
     payload = json.loads(result.stdout)
@@ -164,7 +196,7 @@ def test_every_call_names_its_session_and_the_last_is_marked_final() -> None:
     stub.serve()
     result = run_basin(
         "replay", "--target", f"http://127.0.0.1:{stub.port}", "--time-scale", "500", "--quiet",
-        "--base-rate", "4", "--duration-min", "120", "--seed", "4", "--json", "-",
+        "--base-rate", "4", "--duration-min", "120", "--seed", "4", "--warm-sessions", "0", "--json", "-",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     payload = json.loads(result.stdout)
@@ -197,7 +229,7 @@ def test_ctrl_c_stops_with_a_partial_summary(emulator_factory) -> None:  # type:
     emulator = emulator_factory("--deployment", "h100-1p1d", "--time-scale", "20")
     replay = subprocess.Popen(
         [BASIN, "replay", "--target", emulator.url, "--time-scale", "20", "--base-rate", "3",
-         "--duration-min", "120", "--quiet", "--json", "-"],
+         "--duration-min", "120", "--warm-sessions", "0", "--quiet", "--json", "-"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     time.sleep(4)

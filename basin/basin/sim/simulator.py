@@ -19,7 +19,7 @@ from basin.errors import BasinError
 from basin.evaluate import CallRecord, RunRecords, Sample, SessionRecord, Summary, summarize
 from basin.policy import Admission, CallInfo, Policy, SessionInfo, Telemetry
 from basin.sim.costs import unloaded_call_times, unloaded_session_seconds
-from basin.sim.deployments import PAGE_TOKENS, Deployment
+from basin.sim.deployments import PAGE_TOKENS, Deployment, GpuCalibration
 from basin.sim.engine import PDEngine, Request
 from basin.sim.env import Environment
 from basin.workload import Arrival, Session, poisson_arrivals, trace_arrivals
@@ -69,9 +69,10 @@ class SimulationResult:
     warm_sessions: int
 
 
-def estimate_warm_sessions(deployment: Deployment, pool: Sequence[Session], base_rate: float) -> int:
-    """Steady-state population at `base_rate` on an idle engine (Little's law: rate x lifetime)."""
-    mean_lifetime = float(np.mean([unloaded_session_seconds(deployment.gpu, s) for s in pool]))
+def estimate_warm_sessions(gpu: GpuCalibration, pool: Sequence[Session], base_rate: float) -> int:
+    """Steady-state population at `base_rate` on an idle engine of this GPU (Little's law: rate x
+    lifetime). The simulator's warm start, and the replay's, so both begin at the same population."""
+    mean_lifetime = float(np.mean([unloaded_session_seconds(gpu, s) for s in pool]))
     return round(base_rate / 60.0 * mean_lifetime)
 
 
@@ -103,7 +104,7 @@ class Simulation:
         elif config.arrivals == "poisson":
             warm = config.warm_sessions
             if warm is None:
-                warm = estimate_warm_sessions(config.deployment, pool, schedule.base_rate)
+                warm = estimate_warm_sessions(gpu, pool, schedule.base_rate)
             self.warm_sessions = warm
             self.arrivals = poisson_arrivals(
                 schedule,
