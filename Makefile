@@ -70,11 +70,13 @@ test-live: venv
 	  $(SGLANG_VENV)/bin/pip install --quiet --no-deps sglang-router==0.3.2
 	UCX_NET_DEVICES=lo BASIN_CLI=$(abspath $(BIN))/basin $(SGLANG_VENV)/bin/python -m pytest -m live tests/engine
 
-# The BasinDeployment CRD is generated from the operator's pydantic models; a unit test checks crds/ matches,
-# and a chart test that the helm chart's copy is the same file.
+# The BasinDeployment CRD and its reference are generated from the operator's pydantic models; unit tests check
+# crds/ and docs/reference/ match, and a chart test that the helm chart's copy of the CRD is the same file.
 crds: venv
 	$(BIN)/basin operator crd --out crds/basindeployment.yaml
 	cp crds/basindeployment.yaml helm/basin/crds/basindeployment.yaml
+	mkdir -p docs/reference
+	$(BIN)/basin operator docs --out docs/reference/basindeployment.md
 
 # Container images without a Docker engine (buildah/podman, images/README.md): the Basin image, smoke-tested
 # (non-root, --help, the emulator's /health_generate) and exported to images/out/basin.tar; the engine image

@@ -1748,6 +1748,25 @@ def operator_crd(out: str) -> None:
         _writable(out).write_text(text)
 
 
+@operator_group.command("docs")
+@click.option(
+    "--out", default="-", show_default=True, metavar="FILE|-", help="Where to write the Markdown reference."
+)
+def operator_docs(out: str) -> None:
+    """Print the BasinDeployment reference generated from the spec models (docs/reference/)."""
+    try:
+        from basin_operator.reference import render_reference
+    except ImportError as exc:
+        raise BasinError(
+            f"the operator needs the `operator` extra (pip install 'basin[operator]'): {exc}"
+        ) from None
+    text = render_reference()
+    if out == "-":
+        click.echo(text, nl=False)
+    else:
+        _writable(out).write_text(text)
+
+
 def main() -> None:
     try:
         code = cli.main(standalone_mode=False)

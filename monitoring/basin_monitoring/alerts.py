@@ -1,5 +1,6 @@
 """Basin's Prometheus rules (`helm/basin/files/alerts/basin.yaml`): recording rules for the signals, then
-one alert per failure an operator must act on, each linking to its section of docs/runbook.md.
+one alert per failure an operator must act on, each linking to its section of docs/runbook.md (as published
+on GitHub: `RUNBOOK_URL`).
 
 The rules are data here so a test can render the same file with every window and `for:` divided by the
 emulator's time scale and have a real Prometheus evaluate them during a surge run.
@@ -13,8 +14,9 @@ import yaml
 
 from basin_monitoring.promql import hit_rate, leader, scaled
 
-# Relative to the repository (no published docs site yet); the chart may prefix a base URL.
-RUNBOOK = "docs/runbook.md"
+# Where docs/runbook.md is published: each alert's runbook_url is this page and the alert's section anchor.
+# The chart's `monitoring.prometheusRule.runbookBaseUrl` replaces the page (a docs mirror, an internal wiki).
+RUNBOOK_URL = "https://github.com/basin-project/basin/blob/main/docs/runbook.md"
 
 # Windows (production durations); `render(scale)` divides them.
 W = {
@@ -212,8 +214,9 @@ def alerts(scale: float = 1) -> list[Alert]:
     ]
 
 
-def rules(scale: float = 1) -> dict:
-    """The rule file as a dict (Prometheus rule-file format, top-level `groups:`)."""
+def rules(scale: float = 1, runbook_url: str = RUNBOOK_URL) -> dict:
+    """The rule file as a dict (Prometheus rule-file format, top-level `groups:`); each alert's
+    `runbook_url` is `runbook_url#<its section's anchor>`."""
     return {
         "groups": [
             {
@@ -231,7 +234,7 @@ def rules(scale: float = 1) -> dict:
                         "annotations": {
                             "summary": a.summary,
                             "description": a.description,
-                            "runbook_url": f"{RUNBOOK}#{a.anchor}",
+                            "runbook_url": f"{runbook_url}#{a.anchor}",
                         },
                     }
                     for a in alerts(scale)
@@ -258,5 +261,7 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _str)
 
 
-def render(scale: float = 1) -> str:
-    return HEADER + yaml.dump(rules(scale), Dumper=_Dumper, sort_keys=False, width=1000, allow_unicode=True)
+def render(scale: float = 1, runbook_url: str = RUNBOOK_URL) -> str:
+    return HEADER + yaml.dump(
+        rules(scale, runbook_url), Dumper=_Dumper, sort_keys=False, width=1000, allow_unicode=True
+    )

@@ -23,6 +23,7 @@ from charttools import (
     REPO,
     by_kind,
     copy_chart,
+    heading_anchors,
     helm,
     one,
     render,
@@ -262,10 +263,15 @@ def test_alert_rules_become_a_prometheus_rule_only_where_the_api_exists(sample_c
     )
     rule = one(docs, "PrometheusRule")
     assert rule["apiVersion"] == MONITORING_API
-    assert (
-        rule["spec"]["groups"] == yaml.safe_load(SAMPLE_RULES)["groups"]
-    )  # templates reach Prometheus as written
+    expected = yaml.safe_load(SAMPLE_RULES)["groups"]
+    # Templates reach Prometheus as written; only the runbook page becomes the chart's, the anchor kept.
+    expected[0]["rules"][0]["annotations"]["runbook_url"] = f"{_default_runbook()}#sample"
+    assert rule["spec"]["groups"] == expected
     assert rule["metadata"]["labels"]["release"] == "kps"
+    verbatim = render(
+        sample_chart, api_versions=(MONITORING_API,), values={"monitoring.prometheusRule.runbookBaseUrl": ""}
+    )
+    assert one(verbatim, "PrometheusRule")["spec"]["groups"] == yaml.safe_load(SAMPLE_RULES)["groups"]
     off = render(
         sample_chart, api_versions=(MONITORING_API,), values={"monitoring.prometheusRule.enabled": False}
     )
@@ -277,6 +283,43 @@ def test_the_chart_s_own_alert_files_are_all_carried() -> None:
     groups = [g for f in files for g in yaml.safe_load(f.read_text())["groups"]]
     rules = by_kind(render(api_versions=(MONITORING_API,)), "PrometheusRule")
     assert (rules[0]["spec"]["groups"] if rules else []) == groups
+
+
+def _default_runbook() -> str:
+    return yaml.safe_load((CHART / "values.yaml").read_text())["monitoring"]["prometheusRule"][
+        "runbookBaseUrl"
+    ]
+
+
+def _alert_urls(docs: list[dict[str, Any]]) -> dict[str, str]:
+    groups = one(docs, "PrometheusRule")["spec"]["groups"]
+    return {r["alert"]: r["annotations"]["runbook_url"] for g in groups for r in g["rules"] if "alert" in r}
+
+
+def test_every_alert_links_to_a_runbook_section_under_a_configurable_page() -> None:
+    """By default the runbook on GitHub; `monitoring.prometheusRule.runbookBaseUrl` moves every link to
+    another page, keeping each alert's section anchor (one that docs/runbook.md has)."""
+    anchors = heading_anchors((REPO / "docs" / "runbook.md").read_text())
+    default = _alert_urls(render(api_versions=(MONITORING_API,)))
+    assert len(default) >= 8
+    assert _default_runbook() == "https://github.com/basin-project/basin/blob/main/docs/runbook.md"
+    for alert, url in default.items():
+        page, _, anchor = url.partition("#")
+        assert page == _default_runbook() and anchor in anchors, (alert, url)
+    mirror = "https://wiki.example.com/ops/basin-runbook"
+    moved = _alert_urls(
+        render(api_versions=(MONITORING_API,), values={"monitoring.prometheusRule.runbookBaseUrl": mirror})
+    )
+    assert moved == {alert: url.replace(_default_runbook(), mirror) for alert, url in default.items()}
+    result = helm(
+        "template",
+        "basin",
+        str(CHART),
+        "--set",
+        "monitoring.prometheusRule.runbookBaseUrl=docs/x.md#y",
+        check=False,
+    )
+    assert result.returncode != 0 and "schema" in result.stderr.lower()
 
 
 def test_monitors_scrape_gateway_router_and_engines_where_the_api_exists() -> None:

@@ -56,14 +56,31 @@ def _anchors(markdown: str) -> set[str]:
 
 
 def test_every_alert_links_to_its_runbook_section() -> None:
+    """Absolute links into the published runbook, each to a section docs/runbook.md has (the committed
+    rule file is the generator's output, checked above)."""
     anchors = _anchors((ROOT / "docs" / "runbook.md").read_text())
-    rules = yaml.safe_load(alerts.render())["groups"][1]["rules"]
+    assert alerts.RUNBOOK_URL.startswith("https://") and alerts.RUNBOOK_URL.endswith("/docs/runbook.md")
+    committed = yaml.safe_load((ROOT / "helm" / "basin" / "files" / "alerts" / "basin.yaml").read_text())
+    rules = [r for g in committed["groups"] for r in g["rules"] if "alert" in r]
     assert len(rules) >= 8
     for rule in rules:
         url = rule["annotations"]["runbook_url"]
         page, _, anchor = url.partition("#")
-        assert page == "docs/runbook.md" and anchor in anchors, (rule["alert"], url)
+        assert page == alerts.RUNBOOK_URL and anchor in anchors, (rule["alert"], url)
         assert rule["labels"]["severity"] in ("warning", "critical")
+    assert len({r["annotations"]["runbook_url"] for r in rules}) >= 7  # sections, not one page for all
+
+
+def test_the_runbook_page_is_a_parameter() -> None:
+    rules = yaml.safe_load(alerts.render(runbook_url="https://docs.example.com/runbook"))["groups"][1]
+    urls = [r["annotations"]["runbook_url"] for r in rules["rules"]]
+    assert urls and all(u.startswith("https://docs.example.com/runbook#") for u in urls)
+
+
+def test_the_anchor_check_notices_a_missing_section() -> None:
+    runbook = (ROOT / "docs" / "runbook.md").read_text()
+    assert "cache-trap" in _anchors(runbook)
+    assert "cache-trap" not in _anchors(runbook.replace("## Cache trap\n", "## Cache trapped\n"))
 
 
 def test_every_engine_series_read_is_one_the_emulator_exports() -> None:
