@@ -1604,6 +1604,22 @@ def gateway_group() -> None:
     help="Model seconds a session may stay parked before the gateway sheds it. Default: 3600.",
 )
 @click.option("--max-parked", type=int, default=None, help="Parked sessions at most. Default: 10000.")
+@click.option(
+    "--hold-parked",
+    "hold_parked_s",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="Hold a parked first call open up to this many wall seconds, forwarding it once admitted, before"
+    " answering 429. Env: BASIN_GATEWAY_HOLD_PARKED_S. Default: 0 (429 at once).",
+)
+@click.option(
+    "--max-held",
+    type=int,
+    default=None,
+    help="Parked calls held open at once; past it they are answered 429 at once. Env: BASIN_GATEWAY_MAX_HELD."
+    " Default: 1000.",
+)
 @click.option("--max-body-bytes", type=int, default=None, help="Largest request body. Default: 32 MiB.")
 @click.option(
     "--max-header-bytes", type=int, default=None, help="Largest request header block. Default: 32 KiB."

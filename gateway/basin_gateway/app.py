@@ -118,6 +118,8 @@ class Gateway:
         )
         self.ready_checked = 0.0
         self.upstream_ok = False
+        self.held = 0  # parked calls held open now (--hold-parked)
+        metrics.add_state(lambda: [("held_calls", "Parked calls held open now.", {}, float(self.held))])
 
     def spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)
@@ -269,6 +271,8 @@ async def proxy(request: web.Request) -> web.StreamResponse:
         verdict = Verdict(FORWARD)
     else:
         verdict = await coordinator.call(sid, shape.task, shape.prompt_tokens)
+        if verdict.action == PARK and settings.hold_parked_s > 0:
+            verdict = await _hold(request, gateway, sid, shape.task, shape.prompt_tokens, verdict)
     if verdict.action != FORWARD:
         return _refusal(gateway, route, verdict)
     if verdict.waited is not None:
@@ -297,6 +301,39 @@ async def proxy(request: web.Request) -> web.StreamResponse:
         final and not bypass,
         bypass,
     )
+
+
+async def _hold(
+    request: web.Request, gateway: Gateway, sid: str, task: str, prompt_tokens: int, verdict: Verdict
+) -> Verdict:
+    """A parked call held open (`--hold-parked`) for clients that cannot retry: asked again just after
+    each control step (when the leader may admit it) until it is forwarded or ended, or until the next
+    step would fall past the hold; then the 429 it would have had at once. Past `--max-held` calls held at
+    once, the 429 comes at once. A client that leaves while held ends its session, as one that leaves
+    mid-answer does."""
+    settings, coordinator, metrics = gateway.settings, gateway.coordinator, gateway.metrics
+    if gateway.held >= settings.max_held:
+        return verdict
+    deadline = time.monotonic() + settings.hold_parked_s
+    gateway.held += 1
+    try:
+        while verdict.action == PARK:
+            wait = coordinator.retry_after_s()
+            if time.monotonic() + wait > deadline:
+                break
+            await asyncio.sleep(wait)
+            if request.transport is None or request.transport.is_closing():
+                coordinator.end(sid, False, "ended", "client-disconnect")
+                break
+            verdict = await coordinator.call(sid, task, prompt_tokens)
+            if verdict.action == PARK:
+                metrics.hold_rechecks.inc()
+    except asyncio.CancelledError:
+        coordinator.end(sid, False, "ended", "client-disconnect")
+        raise
+    finally:
+        gateway.held -= 1
+    return verdict
 
 
 def _refusal(gateway: Gateway, route: str, verdict: Verdict) -> web.Response:

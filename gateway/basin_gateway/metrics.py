@@ -47,6 +47,11 @@ class GatewayMetrics:
         self.parked_answers = Counter(
             f"{PREFIX}_parked_answers", "429 answers (parked or paused).", registry=r
         )
+        self.hold_rechecks = Counter(
+            f"{PREFIX}_hold_rechecks",
+            "Times a held-open parked call was asked again and was still parked.",
+            registry=r,
+        )
         self.upstream_errors = Counter(
             f"{PREFIX}_upstream_errors", "Upstream failures, by kind.", ["kind"], registry=r
         )

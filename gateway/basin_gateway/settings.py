@@ -79,6 +79,10 @@ class Settings:
     idle_timeout_s: float = 900.0  # model seconds without a call before a session ends
     max_parked: int = 10_000
     max_park_wait_s: float = 3600.0  # model seconds a parked session may wait before the gateway sheds it
+    # A parked first call may be held open instead of answered 429 at once: for clients that cannot
+    # retry. Both bounded: wall seconds one call is held, and calls held at once (past it: 429 at once).
+    hold_parked_s: float = 0.0
+    max_held: int = 1000
     telemetry_stale_s: float = 30.0  # model seconds after which a telemetry reading no longer counts
     lease_ttl_s: float = 5.0  # wall seconds of the leader lease (Redis)
 
@@ -106,7 +110,9 @@ class Settings:
         if name not in POLICIES:
             choices = ", ".join(sorted({*ALIASES, *POLICIES} - set(REFUSED_POLICIES)))
             raise BasinError(f"unknown policy {self.policy!r}; choose one of {choices}")
-        for bound in ("max_body_bytes", "max_header_bytes", "max_parked"):
+        if self.hold_parked_s < 0:
+            raise BasinError(f"--hold-parked must not be negative, got {self.hold_parked_s}")
+        for bound in ("max_body_bytes", "max_header_bytes", "max_parked", "max_held"):
             if getattr(self, bound) < 1:
                 raise BasinError(f"{bound} must be positive")
 
@@ -154,6 +160,7 @@ def from_environment(env: Mapping[str, str] | None = None, **flags: object) -> S
         ("BASIN_ENGINE_PORT", "engine_port"),
         ("BASIN_GATEWAY_METRICS_PORT", "metrics_port"),
         ("BASIN_BOOTSTRAP_PORT", "bootstrap_port"),
+        ("BASIN_GATEWAY_MAX_HELD", "max_held"),
     ):
         number = _float(env, name)
         if number is not None:
@@ -162,6 +169,7 @@ def from_environment(env: Mapping[str, str] | None = None, **flags: object) -> S
         ("BASIN_TIME_SCALE", "time_scale"),
         ("BASIN_GATEWAY_IDLE_TIMEOUT_S", "idle_timeout_s"),
         ("BASIN_GATEWAY_MAX_PARK_WAIT_S", "max_park_wait_s"),
+        ("BASIN_GATEWAY_HOLD_PARKED_S", "hold_parked_s"),
     ):
         number = _float(env, name)
         if number is not None:
