@@ -604,9 +604,16 @@ async def passthrough_get(request: web.Request) -> web.StreamResponse:
     """Read-only upstream routes clients use (`/v1/models`, `/get_server_info`), passed through."""
     gateway: Gateway = request.app[GATEWAY_KEY]  # type: ignore[assignment]
     assert gateway.http is not None
+    target = gateway.upstreams.pick("")
+    if target is None:
+        return error(
+            503,
+            "no-engines",
+            f"no Ready prefill and decode engine is known yet: calls go {gateway.upstreams.describe()}",
+        )
     try:
         async with gateway.http.get(
-            f"{(gateway.upstreams.pick('') or Target(gateway.upstreams.router)).url}{request.path}",
+            f"{target.url}{request.path}",
             timeout=aiohttp.ClientTimeout(total=10),
             headers=forward_headers(request.headers, "X-Basin-None", ""),
         ) as r:

@@ -98,6 +98,8 @@ def test_calls_go_directly_to_the_ready_engine_pods(cluster: Cluster, namespace:
         body = {"text": "fix it", "sampling_params": {"max_new_tokens": 1}}
         refused = requests.post(f"{gateway.url}/generate", json=body, timeout=30)
         assert refused.status_code == 503 and refused.headers["X-Basin-Reason"] == "no-engines"
+        models = requests.get(f"{gateway.url}/v1/models", timeout=10)  # read-only routes too, not the router
+        assert models.status_code == 503 and models.headers["X-Basin-Reason"] == "no-engines"
         assert requests.get(f"{gateway.url}/ready", timeout=10).status_code == 503
         _pod(cluster, namespace, "decode-0", "decode", ready=True)
         wait_for(lambda: f"; decode {engine.stub.url}" in gateway.text(), "the decode pod's discovery", 30)
