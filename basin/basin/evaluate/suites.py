@@ -251,32 +251,50 @@ def run_suite(
     scenarios, systems = SUITES[name]
     rows: list[Row] = []
     done = 0
+
+    def step() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done)
+
     for scenario in scenarios:
-        results = []
-        for system in systems:
-            summary = run_scenario(scenario, system, seed)
-            if summaries is not None:
-                summaries[(scenario.name, system.name)] = summary
-            results.append((system, summary))
-            done += 1
-            if progress is not None:
-                progress(done)
-        reference = results[0][1].goodput_sessions_per_h
-        for system, s in results:
-            rows.append(
-                Row(
-                    scenario=scenario.name,
-                    system=system.name,
-                    goodput_sessions_per_h=s.goodput_sessions_per_h,
-                    completed_fraction=s.completed_fraction,
-                    shed_fraction=s.shed_fraction,
-                    median_slowdown=s.median_slowdown,
-                    p90_first_call_wait_s=s.p90_first_call_wait_s,
-                    label=s.label,
-                    relative_to_basin=s.goodput_sessions_per_h / reference if reference else math.nan,
-                )
-            )
+        rows += scenario_rows(scenario, systems, seed, step, summaries)
     return rows
+
+
+def scenario_rows(
+    scenario: Scenario,
+    systems: tuple[System, ...],
+    seed: int,
+    step: Callable[[], None] | None = None,
+    summaries: dict[tuple[str, str], Summary] | None = None,
+) -> list[Row]:
+    """One scenario's rows, ratios to the first system (BASIN): the unit the seed report farms out, so a
+    worker profiles the scenario once for all its systems."""
+    results = []
+    for system in systems:
+        summary = run_scenario(scenario, system, seed)
+        if summaries is not None:
+            summaries[(scenario.name, system.name)] = summary
+        results.append((system, summary))
+        if step is not None:
+            step()
+    reference = results[0][1].goodput_sessions_per_h
+    return [
+        Row(
+            scenario=scenario.name,
+            system=system.name,
+            goodput_sessions_per_h=s.goodput_sessions_per_h,
+            completed_fraction=s.completed_fraction,
+            shed_fraction=s.shed_fraction,
+            median_slowdown=s.median_slowdown,
+            p90_first_call_wait_s=s.p90_first_call_wait_s,
+            label=s.label,
+            relative_to_basin=s.goodput_sessions_per_h / reference if reference else math.nan,
+        )
+        for system, s in results
+    ]
 
 
 def plot_suite(rows: list[Row], out: str, title: str) -> None:
