@@ -1122,7 +1122,8 @@ def _analyze_grid(seed: int, as_json: bool) -> None:
 )
 def evaluate_command(suite: str, seed: int, json_out: str | None, plot_out: str | None) -> None:
     """Run an evaluation suite: headline (the demo), main (paper §7.3: seven systems, six scenarios),
-    surge-sweep, steady, post-surge, late, or ablation (§7.8)."""
+    surge-sweep, steady, post-surge, late, or ablation (§7.8), on one seed. `basin report` runs suites
+    over several seeds beside the paper's figures."""
     from rich.progress import Progress
     from rich.table import Table
 
@@ -1180,6 +1181,79 @@ def evaluate_command(suite: str, seed: int, json_out: str | None, plot_out: str 
             f"{head['scenario']}: BASIN {head['vs_strongest']:.2f}x the strongest baseline"
             f" ({head['strongest_baseline']}), {versus}"
         )
+
+
+@cli.command("report")
+@click.option("--seeds", default="0-4", show_default=True, help="Seeds: A-B, N, or a comma list of them.")
+@click.option(
+    "--suites",
+    default="all",
+    show_default=True,
+    help="all, or a comma list of headline, main, surge-sweep, steady, post-surge, late, ablation.",
+)
+@click.option(
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Worker processes, one scenario and seed each [default: the CPU count].",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    default="docs/evaluation.md",
+    show_default=True,
+    help="Write the Markdown report here (- for stdout).",
+)
+@click.option(
+    "--json",
+    "json_out",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    default=None,
+    help="Write every per-seed row as JSON (- for stdout).",
+)
+@click.option(
+    "--from-json",
+    "from_json",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="Re-render the report from a --json file instead of running.",
+)
+def report_command(
+    seeds: str, suites: str, jobs: int | None, out: str, json_out: str | None, from_json: str | None
+) -> None:
+    """Every evaluation suite over several seeds: goodput mean [min–max], run states and BASIN's margin
+    over the strongest baseline, beside the paper's figure for each cell (docs/evaluation.md)."""
+    import os
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from basin.evaluate import report
+
+    for path in (out, json_out):
+        if path and path != "-":
+            _writable(path)
+    if from_json:
+        try:
+            data = report.check_payload(json.loads(Path(from_json).read_text()))
+        except json.JSONDecodeError as error:
+            raise BasinError(f"--from-json: {from_json} is not JSON ({error})") from None
+    else:
+        seed_list, suite_list = report.parse_seeds(seeds), report.parse_suites(suites)
+        jobs = jobs or os.cpu_count() or 1
+        total = report.run_count(suite_list, seed_list)
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, disable=json_out == "-" or out == "-") as progress:
+            task = progress.add_task(f"{len(seed_list)} seeds × {', '.join(suite_list)}: runs", total=total)
+            rows = report.run_report(suite_list, seed_list, jobs, advance=lambda n: progress.advance(task, n))
+        data = report.payload(rows, suite_list, seed_list)
+    _write_json(data, json_out)
+    text = report.render(data)
+    if out == "-":
+        click.echo(text, nl=False)
+    else:
+        report.write(out, text)
+        if json_out != "-":
+            click.echo(f"wrote {out}")
 
 
 @cli.command("profile")

@@ -1,0 +1,165 @@
+"""The seed report: mean/range/state counts and margins from per-seed rows, the paper column placed (— where
+the paper gives nothing), `--from-json` re-rendering the same Markdown, bad input as one-line errors, and
+one small real run through the same code path."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from basin.errors import BasinError
+from basin.evaluate import paper, report, suites
+from basin.evaluate.suites import Scenario, System
+
+BASIN = str(Path(sys.executable).with_name("basin"))
+
+
+def _row(seed: int, system: str, goodput: float, label: str, scenario: str = "1P3D x5 surge") -> dict:
+    return {
+        "suite": "main",
+        "seed": seed,
+        "scenario": scenario,
+        "system": system,
+        "goodput_sessions_per_h": goodput,
+        "completed_fraction": 0.9,
+        "shed_fraction": 0.0,
+        "median_slowdown": 1.5,
+        "p90_first_call_wait_s": None,
+        "label": label,
+        "relative_to_basin": None,
+    }
+
+
+@pytest.fixture
+def data() -> dict:
+    rows = []
+    for seed, (basin, continuum, thunder, hicache, label) in enumerate(
+        [(800, 400, 300, 200, "healthy"), (900, 600, 300, 150, "healthy"), (700, 700, 350, 100, "recovering")]
+    ):
+        rows += [
+            _row(seed, "BASIN", basin, label),
+            _row(seed, "Continuum", continuum, "healthy"),
+            _row(seed, "ThunderAgent", thunder, "recovering"),
+            _row(seed, "HiCache alone", hicache, "trapped"),
+        ]
+    return {
+        "schema": report.SCHEMA,
+        "commit": "abc",
+        "generated": "now",
+        "suites": ["main"],
+        "seeds": [0, 1, 2],
+        "rows": rows,
+    }
+
+
+def _line(text: str, *cells: str) -> str:
+    return next(line for line in text.splitlines() if all(f"| {c} |" in line for c in cells))
+
+
+def test_render_cells_states_margins_and_paper(data: dict) -> None:
+    text = report.render(data)
+    assert "Seeds 0–2 (3)" in text and "`abc`" in text
+    basin = _line(text, "1P3D x5 surge", "BASIN")
+    assert "| 800 [700–900] |" in basin
+    assert "healthy 2/3, recovering 1/3" in basin
+    assert basin.endswith("| — |")  # the paper gives BASIN's 1P3D goodput only relatively
+    continuum = _line(text, "1P3D x5 surge", "Continuum")
+    assert "| 567 [400–700] |" in continuum and "healthy 3/3" in continuum
+    # The paper's BASIN 1.64× Continuum, then ours in the same direction: 2.00, 1.50, 1.00.
+    assert "BASIN 1.64× · ours 1.50 [1.00–2.00] (Fig. 14, §7.3)" in continuum
+    assert "trapped 3/3" in _line(text, "1P3D x5 surge", "HiCache alone")
+    assert "3.13–4.17" in _line(text, "1P3D x5 surge", "HiCache alone")
+    assert _line(text, "1P3D x5 surge", "ThunderAgent").endswith("| — |")
+    margin = _line(text, "1P3D x5 surge", "1.50 [1.00–2.00]×")
+    assert "Continuum 3/3" in margin and "BASIN 1.64×" in margin
+    assert "Paper: Fig. 14" in text
+
+
+def test_from_json_round_trip(data: dict, tmp_path: Path) -> None:
+    source = tmp_path / "rows.json"
+    source.write_text(json.dumps(data))
+    out, again = tmp_path / "report.md", tmp_path / "again.json"
+    result = subprocess.run(
+        [BASIN, "report", "--from-json", str(source), "--out", str(out), "--json", str(again)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert out.read_text() == report.render(data)
+    assert json.loads(again.read_text()) == data
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--seeds", "4-0"], "--seeds range '4-0'"),
+        (["--seeds", "x"], "--seeds takes"),
+        (["--suites", "main,nope"], "unknown suite nope"),
+        (["--jobs", "0"], "--jobs"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(args: list[str], message: str, tmp_path: Path) -> None:
+    result = subprocess.run(
+        [BASIN, "report", *args, "--out", str(tmp_path / "r.md")], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert message in result.stderr
+    if args[0] != "--jobs":  # click's own usage errors print a usage line too
+        assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_bad_from_json(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"rows": []}))
+    result = subprocess.run(
+        [BASIN, "report", "--from-json", str(bad), "--out", str(tmp_path / "r.md")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_parse_seeds() -> None:
+    assert report.parse_seeds("0-4") == [0, 1, 2, 3, 4]
+    assert report.parse_seeds("3") == [3]
+    assert report.parse_seeds("0,2-3,2") == [0, 2, 3]
+    with pytest.raises(BasinError):
+        report.parse_seeds("1-")
+
+
+def test_paper_cells_name_real_suite_cells() -> None:
+    """A paper figure keyed to a scenario or system the suite lacks would never be shown."""
+    for suite, scenario, system in paper.CELLS:
+        scenarios, systems = suites.SUITES[suite]
+        assert scenario in {s.name for s in scenarios}, (suite, scenario)
+        assert system in {s.name for s in systems}, (suite, system)
+    for suite, scenario in paper.MARGINS:
+        assert scenario in {s.name for s in suites.SUITES[suite][0]}, (suite, scenario)
+    assert set(paper.NOTES) <= set(suites.SUITES)
+
+
+def test_small_real_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two seeds of a reduced scenario through run_report and render, as `basin report` runs them."""
+    scenario = Scenario("1P1D light", "h100-1p1d", 0.0, 1.5, 2.0, 5.0, surge_start_min=5.0, duration_min=40.0)
+    systems = (System("BASIN", "basin"), System("HiCache alone", "hicache"))
+    monkeypatch.setitem(suites.SUITES, "tiny", ((scenario,), systems))
+    advanced: list[int] = []
+    start = time.monotonic()
+    rows = report.run_report(["tiny"], [0, 1], jobs=1, advance=advanced.append)
+    assert time.monotonic() - start < 300
+    assert report.run_count(["tiny"], [0, 1]) == 4 == sum(advanced) == len(rows)
+    order = [(r["seed"], r["system"]) for r in rows]
+    assert order == [(0, "BASIN"), (0, "HiCache alone"), (1, "BASIN"), (1, "HiCache alone")]
+    text = report.render(report.payload(rows, ["tiny"], [0, 1]))
+    assert "## tiny" in text
+    for system in ("BASIN", "HiCache alone"):
+        line = _line(text, "1P1D light", system)
+        assert "/2" in line and line.endswith("| — |")
+    json.dumps(rows, allow_nan=False)
