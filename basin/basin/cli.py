@@ -1241,11 +1241,12 @@ def report_command(
         seed_list, suite_list = report.parse_seeds(seeds), report.parse_suites(suites)
         jobs = jobs or os.cpu_count() or 1
         total = report.run_count(suite_list, seed_list)
+        measured_on = report.commit()
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, disable=json_out == "-" or out == "-") as progress:
             task = progress.add_task(f"{len(seed_list)} seeds × {', '.join(suite_list)}: runs", total=total)
             rows = report.run_report(suite_list, seed_list, jobs, advance=lambda n: progress.advance(task, n))
-        data = report.payload(rows, suite_list, seed_list)
+        data = report.payload(rows, suite_list, seed_list, measured_on)
     _write_json(data, json_out)
     text = report.render(data)
     if out == "-":

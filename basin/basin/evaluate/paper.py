@@ -133,7 +133,7 @@ _LATE_CELLS = {
 
 _HOST = ("1P3D host x2, x5 surge 20 min", "1P3D host x2, x3 surge 40 min")
 _GPU = ("1P3D GPU-only, x5 surge 20 min",)
-_FIG23 = "Fig. 23, §7.8"
+_FIG23 = "Fig. 23, §7.9"
 _HOST_NOTE = "range over the paper's host-tier triggers"
 _GPU_NOTE = "range over the paper's GPU-only triggers"
 _ABLATION_CELLS = {
@@ -194,8 +194,8 @@ NOTES: dict[str, tuple[str, ...]] = {
     "steady": (
         "Fig. 17 gives absolute offered rates, not fractions of λc: BASIN peaks at 948 sessions/h at"
         " 16.8/min and keeps 769 at 19.4/min, where Continuum, CONCUR and ThunderAgent reach 449, 312 and"
-        " 84 and HiCache alone under 20 (§7.4; 1P3D's profiled λc is 18.5/min, §7.4). No cell is placed:"
-        " our λc differs. The tools ×3 panel has no numbers in the prose.",
+        " 84 and HiCache alone under 20 (§7.4; 1P3D's profiled λc is 18.5/min, §7.4 on Fig. 18). No cell"
+        " is placed: our λc differs. The tools ×3 panel has no numbers in the prose.",
         "§7.3: in healthy controls BASIN keeps ≥ 99.6 % of the best baseline's goodput.",
     ),
     "post-surge": (

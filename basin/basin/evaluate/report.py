@@ -102,10 +102,12 @@ def commit() -> str:
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
-def payload(rows: list[dict], suites: list[str], seeds: list[int]) -> dict:
+def payload(rows: list[dict], suites: list[str], seeds: list[int], measured_on: str | None = None) -> dict:
+    """The JSON of a report; `measured_on` is the commit taken before the runs (edits during a long run
+    must not relabel it)."""
     return {
         "schema": SCHEMA,
-        "commit": commit(),
+        "commit": measured_on or commit(),
         "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "suites": suites,
         "seeds": seeds,
@@ -188,6 +190,11 @@ def render(data: dict) -> str:
         " --out docs/evaluation.md --json FILE`; re-render from that JSON with"
         " `basin report --from-json FILE`.",
         "",
+        *(
+            [f"Not in this report: {', '.join(missing)} (`--suites all` runs every suite).", ""]
+            if (missing := [s for s in SUITES if s not in suites])
+            else []
+        ),
         "Goodput is sessions/h, the mean over seeds with [min–max]; states count each run's label (§7.1)."
         " The paper column gives the paper's figure for the same cell, with its source: absolute goodput"
         " (`/h`), the system's share of BASIN (`of BASIN`) or BASIN's multiple of it (`BASIN n×`), followed"
@@ -223,7 +230,8 @@ def render(data: dict) -> str:
                 )
         lines += [
             "",
-            "BASIN over the strongest baseline (per seed, the best system that is not a BASIN variant):",
+            "BASIN over the strongest baseline (per seed, the best of this suite's other systems,"
+            " BASIN variants excluded):",
             "",
             "| scenario | BASIN over strongest | strongest (seeds) | paper |",
             "|---|---|---|---|",
