@@ -163,3 +163,36 @@ def test_small_real_run(monkeypatch: pytest.MonkeyPatch) -> None:
         line = _line(text, "1P1D light", system)
         assert "/2" in line and line.endswith("| — |")
     json.dumps(rows, allow_nan=False)
+
+
+def _fake_rows(scenario: Scenario, systems: tuple[System, ...], seed: int) -> list[suites.Row]:
+    """Instant rows in place of simulations, so the process pool and the CLI's run path are tested fast."""
+    return [
+        suites.Row(scenario.name, s.name, 100.0 * (seed + 1) / (i + 1), 1.0, 0.0, 1.0, 0.0, "healthy")
+        for i, s in enumerate(systems)
+    ]
+
+
+def test_worker_processes_keep_the_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(report, "scenario_rows", _fake_rows)  # forked workers inherit the patch
+    one = report.run_report(["main", "headline"], [0, 1], jobs=1)
+    assert report.run_report(["main", "headline"], [0, 1], jobs=2) == one
+    assert len(one) == report.run_count(["main", "headline"], [0, 1])
+
+
+def test_cli_run_writes_report_and_json(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from basin.cli import cli
+
+    monkeypatch.setattr(report, "scenario_rows", _fake_rows)
+    out, rows = tmp_path / "report.md", tmp_path / "rows.json"
+    args = ["report", "--seeds", "0-1", "--suites", "headline", "--jobs", "1", "--out", str(out)]
+    result = CliRunner().invoke(cli, [*args, "--json", str(rows)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(rows.read_text())
+    assert data["seeds"] == [0, 1] and data["suites"] == ["headline"] and len(data["rows"]) == 6
+    text = out.read_text()
+    assert out.read_text() == report.render(data)
+    assert "| 150 [100–200] | healthy 2/2 |" in _line(text, "1P3D x5 surge", "BASIN")
+    assert "Not in this report: main" in text
