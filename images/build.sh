@@ -83,9 +83,15 @@ fi
 # Wheels for the build, downloaded here (the build has no index): Basin's dependencies with the extras
 # of the components in the image, the build backend, and NIXL for the engine image.
 # async-timeout: redis needs it on Python < 3.11.3, which the base's 3.11.2 is and this host's may not be.
-if [[ "$WHAT" != engine ]] || podman image exists "${ENGINE_BASE:-$SGLANG_IMAGE}"; then
+ENGINE_BASE_PRESENT=""
+if [[ "$WHAT" == engine || "$WHAT" == all ]] && podman image exists "${ENGINE_BASE:-$SGLANG_IMAGE}"; then
+  ENGINE_BASE_PRESENT=1
+fi
+if [[ "$WHAT" != engine || -n "$ENGINE_BASE_PRESENT" ]]; then
   "$PY" -m pip download --quiet -d "$ROOT/images/wheels" "$ROOT[operator,gateway,emulator,profiler]" \
     kubernetes scikit-learn "setuptools>=77" wheel "async-timeout>=4.0.3"
+fi
+if [[ -n "$ENGINE_BASE_PRESENT" ]]; then  # NIXL for the engine image only
   "$PY" -m pip download --quiet --no-deps -d "$ROOT/images/wheels" nixl==1.5.1 nixl-cu13==1.5.1
 fi
 # Debian's redis-server and the libraries it needs beyond the base, for images/redis (the host is bookworm,
