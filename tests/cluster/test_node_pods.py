@@ -225,6 +225,10 @@ def test_emulated_deployment_runs_as_pods_and_serves_through_its_services(
         assert container.image.startswith(c.REDIS_IMAGE if component == "redis" else c.BASIN_IMAGE)
         assert pod.status.pod_ip.startswith("10.88.77.")
 
+    # The gateway's model-second clock runs at the emulator's pace (x40), as it says when it starts.
+    log = cluster.core.read_namespaced_pod_log(pods["gateway"].metadata.name, namespace)
+    assert "time x40" in log, log[-3000:]
+
     # Redis through its (headless) Service: the name resolves to the Pod, which answers.
     (address,) = service_addresses(cluster.core)(f"{NAME}-redis.{namespace}.svc.cluster.local") or [None]
     assert address == pods["redis"].status.pod_ip
