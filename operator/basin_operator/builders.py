@@ -376,6 +376,9 @@ def gateway_env(name: str, spec: BasinDeploymentSpec) -> list[Manifest]:
     if spec.emulator.enabled:
         # One emulator pod answers for both roles; its /metrics labels each series with engine_type.
         values["BASIN_ENGINES_EMULATED"] = "1"
+        # The gateway's clock in model seconds must run at the emulator's pace (docs/gateway.md): its
+        # control interval, parking and idle timeouts are model seconds.
+        values["BASIN_TIME_SCALE"] = f"{spec.emulator.time_scale:g}"
     elif spec.gateway.addressing == "direct":
         values["BASIN_DIRECT_ENGINES"] = "1"
         values["BASIN_BOOTSTRAP_PORT"] = str(c.BOOTSTRAP_PORT)

@@ -11,6 +11,7 @@ by patching Pod status; each test gets its own namespace.
 from __future__ import annotations
 
 import base64
+import os
 import socket
 import subprocess
 import sys
@@ -125,6 +126,65 @@ class Cluster:
     @property
     def custom(self) -> client.CustomObjectsApi:
         return client.CustomObjectsApi(self.api)
+
+
+def install_crd(cluster: Cluster) -> dict:
+    """The CRD from crds/ installed (or replaced) and established."""
+    body = yaml.safe_load(CRD.read_text())
+    ext = client.ApiextensionsV1Api(cluster.api)
+    try:
+        ext.create_custom_resource_definition(body)
+    except ApiException as error:
+        if error.status != 409:
+            raise
+        current = ext.read_custom_resource_definition(body["metadata"]["name"])
+        body["metadata"]["resourceVersion"] = current.metadata.resource_version
+        ext.replace_custom_resource_definition(body["metadata"]["name"], body)
+
+    def established() -> bool:
+        status = ext.read_custom_resource_definition(body["metadata"]["name"]).status
+        return any(c.type == "Established" and c.status == "True" for c in status.conditions or [])
+
+    wait_for(established, 60, "the CRD to be established")
+    return body
+
+
+def operator_kubeconfig(cluster: Cluster, folder: Path) -> Path:
+    """A kubeconfig with the token of a ServiceAccount bound to the repository's ClusterRole only."""
+    admin = yaml.safe_load(Path(cluster.kubeconfig).read_text())
+    core, rbac = cluster.core, cluster.rbac
+    for create in (
+        lambda: core.create_namespace({"metadata": {"name": OPERATOR_NAMESPACE}}),
+        lambda: core.create_namespaced_service_account(
+            OPERATOR_NAMESPACE, {"metadata": {"name": "basin-operator"}}
+        ),
+        lambda: rbac.create_cluster_role(yaml.safe_load(CLUSTER_ROLE.read_text())),
+        lambda: rbac.create_cluster_role_binding(
+            {
+                "metadata": {"name": "basin-operator"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": "basin-operator",
+                },
+                "subjects": [
+                    {"kind": "ServiceAccount", "name": "basin-operator", "namespace": OPERATOR_NAMESPACE}
+                ],
+            }
+        ),
+    ):
+        try:
+            create()
+        except ApiException as error:
+            if error.status != 409:
+                raise
+    if os.environ.get("BASIN_TEST_KUBECONFIG"):  # a reused cluster may hold an older ClusterRole
+        rbac.replace_cluster_role("basin-operator", yaml.safe_load(CLUSTER_ROLE.read_text()))
+
+    user_token = service_account_token(core, "basin-operator", OPERATOR_NAMESPACE)
+    path = folder / "operator.kubeconfig"
+    write_token_kubeconfig(admin, user_token, path)
+    return path
 
 
 @dataclass

@@ -238,6 +238,7 @@ def test_emulated_engines_replace_engines_and_router_behind_the_same_service() -
     env = {e["name"]: e.get("value") for e in gateway["env"]}
     assert env["BASIN_ROUTER_URL"] == "http://x-router:8000" and env["BASIN_ENGINES_EMULATED"] == "1"
     assert "emulator" in env["BASIN_PREFILL_SELECTOR"] and env["BASIN_ENGINE_PORT"] == "8000"
+    assert env["BASIN_TIME_SCALE"] == "10"  # the emulator's pace
     assert [k for _, k, n in builders.obsolete_children("x", emulated)].count("Deployment") == 3
     assert builders.obsolete_children("x", spec()) == [("apps/v1", "Deployment", "x-emulator")]
     # A shape without a preset is named in the problem; an explicit preset overrides the derived one.

@@ -1,13 +1,15 @@
 #!/bin/bash
-# Builds the Kubernetes 1.20.2 control plane (kube-apiserver, kube-controller-manager) from Debian bookworm's
-# `kubernetes` source package with Debian's Go, offline; plus kubectl 1.20 and etcd. Adapted from the
-# verified recipe in shared/k8s/build-kube-1.20.sh (control plane only, cpio installed).
-# About 7-8 minutes cold on 2 cores; returns at once when ~/.cache/basin-k8s/bin holds the binaries.
+# Builds Kubernetes 1.20.2 -- the control plane (kube-apiserver, kube-controller-manager, kube-scheduler) and
+# a node (kubelet, kube-proxy) -- from Debian bookworm's `kubernetes` source package with Debian's Go, offline;
+# plus kubectl 1.20 and etcd. Adapted from the verified recipe in the project's shared k8s/build-kube-1.20.sh
+# (cpio and make installed, the build tree removed afterwards). About 13-20 minutes cold on 2 cores (the
+# kubelet is ~6 of them); builds only the binaries missing, so it returns at once when
+# ~/.cache/basin-k8s/bin holds them all.
 # Usage: bash tests/cluster/k8s/build-kube.sh   (OUT=... to build elsewhere)
 set -euo pipefail
 W=${W:-${XDG_CACHE_HOME:-$HOME/.cache}/basin-k8s/build}
 OUT=${OUT:-${XDG_CACHE_HOME:-$HOME/.cache}/basin-k8s/bin}
-BINS=${BINS:-"kube-apiserver kube-controller-manager"}
+BINS=${BINS:-"kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy"}
 missing=""; for b in $BINS; do [ -x "$OUT/$b" ] || missing="$missing $b"; done
 command -v etcd >/dev/null || apt-get install -y --no-install-recommends etcd-server >/dev/null
 if [ ! -x "$OUT/kubectl" ]; then  # kubectl 1.20 from Debian's kubernetes-client package, unpacked (not installed)

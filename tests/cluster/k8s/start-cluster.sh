@@ -1,8 +1,9 @@
 #!/bin/bash
 # Starts etcd + kube-apiserver (RBAC, token auth) + kube-controller-manager on 127.0.0.1: no Docker, no
-# kubelet, no scheduler (nothing could run a pod). Adapted from shared/k8s/start-cluster.sh with the ports as
-# parameters so several clusters (or other users of 6443) can coexist.
-# Usage: D=<empty folder> API_PORT=.. ETCD_PORT=.. PEER_PORT=.. KCM_PORT=.. bash start-cluster.sh
+# kubelet; no scheduler unless SCHED_PORT is set (a cluster that node-up.sh adds a node to needs one, or
+# its Pods stay Pending). Adapted from shared/k8s/start-cluster.sh with the ports as parameters so several
+# clusters (or other users of 6443) can coexist.
+# Usage: D=<empty folder> API_PORT=.. ETCD_PORT=.. PEER_PORT=.. KCM_PORT=.. [SCHED_PORT=..] bash start-cluster.sh
 # Prints the admin kubeconfig path last; stop with D=<folder> bash stop-cluster.sh.
 set -euo pipefail
 B=${B:-${XDG_CACHE_HOME:-$HOME/.cache}/basin-k8s/bin}
@@ -54,4 +55,8 @@ for i in $(seq 1 120); do
   sleep 0.5
 done
 [ -n "$ok" ] || { echo "controller-manager not healthy; see $D/kcm.log:" >&2; tail -3 "$D/kcm.log" >&2; exit 1; }
+if [ -n "${SCHED_PORT:-}" ]; then  # --port=0: no insecure port (a fixed 10251)
+  "$B/kube-scheduler" --kubeconfig="$D/kubeconfig" --bind-address=127.0.0.1 --secure-port="$SCHED_PORT" --port=0 \
+    --leader-elect=false > "$D/sched.log" 2>&1 & echo $! > "$D/sched.pid"
+fi
 echo "$D/kubeconfig"
