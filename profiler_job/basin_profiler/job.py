@@ -3,7 +3,8 @@
 or an emulator), the ConfigMap (`BASIN_NAMESPACE`, `BASIN_PROFILE_CONFIGMAP`, `BASIN_PROFILE_KEY`), the
 BasinDeployment Events are about (`BASIN_DEPLOYMENT`), the fingerprint to write back, the ramp
 (`BASIN_PROFILE_WORKLOAD`, `_RAMPS`, `_STEPS`, `_STEP_SECONDS` with 0 for settle-detected steps,
-`_BUDGET_MINUTES`, `_TIME_SCALE`, `_API`, `_SEED`, `_TOP_RATE`) and the shape (`BASIN_GPU_KIND`,
+`_BUDGET_MINUTES`, `_TIME_SCALE`, `_API`, `_SEED`, `_TOP_RATE`), how long a target that does not answer yet
+is waited for (`BASIN_PROFILE_WAIT_SECONDS`) and the shape (`BASIN_GPU_KIND`,
 `BASIN_PREFILL_REPLICAS`, `BASIN_DECODE_REPLICAS`, `BASIN_HOST_RATIO`); `BASIN_ADMIN_TOKEN`, the gateway's
 admin token, makes the ramp's calls bypass the gateway's controls.
 
@@ -25,6 +26,9 @@ from basin_profiler.ramp import DEFAULT_BUDGET_MINUTES, RampSettings
 from basin_profiler.run import Outputs, Shape, execute
 
 EXIT_BAD_CONFIG = 2
+# The operator creates the Job with the gateway it ramps through; a new gateway Pod is Ready within a minute
+# or two (image pull, the predictor's load). Waiting in the Job beats failing and backing off a retry.
+DEFAULT_WAIT_S = 300.0
 BYPASS_HEADER, ADMIN_HEADER = "X-Basin-Bypass", "X-Basin-Admin-Token"  # the gateway's (basin_gateway.app)
 T = TypeVar("T")
 
@@ -117,8 +121,20 @@ def main(env: Mapping[str, str] | None = None) -> int:
             deployment_name=env.get("BASIN_DEPLOYMENT", "").strip(),
             headers=headers,
         )
+        wait_s = _value(env, "BASIN_PROFILE_WAIT_SECONDS", float, DEFAULT_WAIT_S)
+        if wait_s < 0:
+            raise BasinError(f"BASIN_PROFILE_WAIT_SECONDS must not be negative, got {wait_s:g}")
         return execute(
-            target, shape, pool, settings_for, time_scale, Outputs(destination=dest), True, echo, fingerprint
+            target,
+            shape,
+            pool,
+            settings_for,
+            time_scale,
+            Outputs(destination=dest),
+            True,
+            echo,
+            fingerprint,
+            wait_s,
         )
     except BasinError as error:
         echo(f"error: {error}")

@@ -25,6 +25,7 @@ Failures raise `ProfileFailure` with one line of reason; no profile is built fro
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime as dt
 import math
@@ -58,6 +59,7 @@ SETTLE_TIMEOUT_LIFETIMES = 4.0
 PAST_CLIFF_STEPS = 2  # settle mode: a ramp ends after this many steps past the cliff
 MAX_ERROR_SHARE = 0.05  # more failed requests than this share of all fails the ramp
 DEFAULT_BUDGET_MINUTES = 240.0  # a production maintenance window, wall minutes
+PREFLIGHT_RETRY_S = 5.0  # wall seconds between two probes of a target that is not answering yet
 
 
 class ProfileFailure(BasinError):
@@ -287,9 +289,26 @@ def _step(x: float, hit: float, departures: float, active: float, rate: float, m
     )
 
 
-async def preflight(target: str) -> dict[str, Any]:
+async def preflight(
+    target: str, wait_s: float = 0.0, echo: Callable[[str], None] | None = None
+) -> dict[str, Any]:
     """Fail before any load when the target does not answer `/health`; returns its `/get_server_info`
-    (empty when it has none, as a gateway or router may)."""
+    (empty when it has none, as a gateway or router may). With `wait_s`, an unreachable or unhealthy
+    target is asked again every few seconds until then: the operator starts the profiling Job together
+    with the gateway it ramps through, which may take a minute to become Ready."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return await _probe(target)
+        except ProfileFailure as failure:
+            if time.monotonic() + PREFLIGHT_RETRY_S > deadline:
+                raise
+            if echo is not None:
+                echo(f"waiting for the target: {failure}")
+            await asyncio.sleep(PREFLIGHT_RETRY_S)
+
+
+async def _probe(target: str) -> dict[str, Any]:
     base = target.rstrip("/")
     timeout = aiohttp.ClientTimeout(total=10)
     try:

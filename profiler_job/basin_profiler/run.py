@@ -59,11 +59,13 @@ def execute(
     quiet: bool = False,
     echo: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
     fingerprint: str = "",
+    wait_s: float = 0.0,
 ) -> int:
     """Run the whole profile; returns the exit status. `settings_for(deployment=..., time_scale=...)`
-    builds the ramp settings once the deployment's shape is known; `fingerprint` goes with a failure."""
+    builds the ramp settings once the deployment's shape is known; `fingerprint` goes with a failure;
+    `wait_s` is how long a target that does not answer yet is waited for."""
     try:
-        info = asyncio.run(preflight(target))
+        info = asyncio.run(preflight(target, wait_s, echo))
         deployment = deployment_from(
             info, shape.preset, shape.gpu, shape.prefill, shape.decode, shape.host_ratio
         )

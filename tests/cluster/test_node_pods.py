@@ -165,8 +165,7 @@ def _deployment(namespace: str) -> dict[str, Any]:
             "emulator": {"enabled": True, "timeScale": 40, "resources": SMALL},
             "gateway": {"replicas": 1, "resources": SMALL},
             "redis": {"resources": SMALL},
-            # The operator may start the Job before the gateway is Ready (it waits for the engines): a
-            # short backoff lets the retry come soon after.
+            # The operator starts the Job with the gateway; the Job waits for it (BASIN_PROFILE_WAIT_SECONDS).
             "profiling": {
                 "ramps": 1,
                 "steps": 5,
@@ -275,14 +274,14 @@ def test_emulated_deployment_runs_as_pods_and_serves_through_its_services(
     def ready_deployment() -> dict[str, Any] | None:
         obj = cluster.custom.get_namespaced_custom_object(c.GROUP, c.VERSION, namespace, c.PLURAL, NAME)
         profiling = obj.get("status", {}).get("profiling") or {}
-        # The first attempt may find the gateway not Ready yet (the operator starts it on create); the
-        # operator retries after backoffSeconds. More failures than that race explains end the wait.
-        if profiling.get("state") == "Failed" and profiling.get("attempt", 0) >= 4:
+        # The Job starts with the gateway and waits for it to answer: its first attempt must succeed.
+        if profiling.get("state") == "Failed":
             pytest.fail(f"the profiling Job failed: {profiling}\n{_describe(cluster, namespace)}")
         return obj if _condition(obj, "Ready") == "True" else None
 
     obj = wait_for(ready_deployment, 900, "the BasinDeployment to be Ready", every=5)
     assert obj["status"]["phase"] == "Ready"
+    assert obj["status"]["profiling"]["attempt"] == 1, obj["status"]["profiling"]
     profile = obj["status"]["profile"]
     assert profile["kappa"] > 0 and profile["lambdaCPerMin"] > 0 and profile["state"] == "fresh"
     jobs = cluster.batch.list_namespaced_job(namespace).items

@@ -150,6 +150,7 @@ def test_the_deployment_comes_from_options_then_the_server_then_the_preset() -> 
         ({"BASIN_PROFILE_RAMPS": "four"}, "BASIN_PROFILE_RAMPS='four' is not a valid int"),
         ({"BASIN_GPU_KIND": "a100"}, "BASIN_GPU_KIND must be h100 or h200"),
         ({"BASIN_PROFILE_STEP_SECONDS": "-1"}, "BASIN_PROFILE_STEP_SECONDS must not be negative"),
+        ({"BASIN_PROFILE_WAIT_SECONDS": "-5"}, "BASIN_PROFILE_WAIT_SECONDS must not be negative"),
     ],
 )
 def test_the_job_refuses_bad_environment_in_one_line(
