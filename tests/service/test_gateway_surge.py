@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -29,6 +30,9 @@ pytestmark = [pytest.mark.service, pytest.mark.slow]
 
 SCALE = "20"
 SCENARIO = [*surge_replay(), "--seed", "0"]  # `basin up`'s surge
+# Model seconds the emulator's event loop ran late on average (50 ms of wall time at x20): on a quiet machine
+# 0.71 through BASIN's run (late hit 0.83), 0.20 through HiCache alone's.
+LAG_LIMIT_S = 1.0
 
 
 class Watch:
@@ -61,7 +65,7 @@ class Watch:
         self.thread.join(10)
 
 
-def run(policy: str, tmp: Path) -> tuple[dict, list[dict[str, float]], list[str]]:
+def run(policy: str, tmp: Path) -> tuple[dict, list[dict[str, float]], list[str], float]:
     """One replay through two replicas sharing a fresh Redis, in front of a fresh emulator."""
     started: list[Process] = []  # stopped whatever fails, even while starting
     try:
@@ -89,7 +93,9 @@ def run(policy: str, tmp: Path) -> tuple[dict, list[dict[str, float]], list[str]
         with Watch(gateways) as watch:
             replay = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
         assert replay.returncode == 0, replay.stdout + replay.stderr
-        return json.loads(out.read_text()), watch.samples, [g.text() for g in gateways]
+        info = requests.get(f"{emulator.url}/get_server_info", timeout=10).json()
+        lag = float(info["loop_lag_mean_s"]) * float(SCALE)  # model seconds the emulator ran late
+        return json.loads(out.read_text()), watch.samples, [g.text() for g in gateways], lag
     finally:
         for process in reversed(started):
             process.stop()
@@ -124,19 +130,30 @@ def test_basin_keeps_reuse_and_beats_hicache_alone(runs: dict[str, tuple]) -> No
             for k in ("goodput_sessions_per_h", "hit_rate_late", "completed_fraction", "requests")
         },
     )
+    lags = {policy: run[3] for policy, run in runs.items()}
+    print("emulator loop lag (model s):", lags, "load average:", os.getloadavg())
     assert basin["measured_sessions"] == passthrough["measured_sessions"] > 300  # the same arrivals
     assert basin["parked_answers"] > 0 and passthrough["parked_answers"] == 0
-    # What holds on every run: BASIN keeps more reuse than HiCache alone on the same arrivals. How much more
-    # depends on how closely the x20 emulator keeps time on this 2-core machine, in both directions: on a
-    # loaded machine HiCache alone traps (late hit 0.39-0.72) and BASIN holds 0.69-0.85; on a quiet one
-    # this 30-minute surge barely traps HiCache alone (0.81 vs BASIN's 0.87, goodput 1.14x). The issue's
-    # targets (late hit >= 0.8, goodput >= 1.5x) are reported here and in docs/gateway.md, not asserted.
+    # The issue's targets. Goodput: BASIN at least 1.5x HiCache alone on the same arrivals (measured 2.8x on
+    # a quiet machine, 5.4x at load 4 and 5.5x at load 12, where the lagging emulator traps HiCache alone
+    # harder). Both replays start warm, as the simulator does: from a cold start the surge at minute 3 met a
+    # quarter of the steady population and HiCache alone barely trapped (1.14x).
+    ratio = basin["goodput_sessions_per_h"] / max(passthrough["goodput_sessions_per_h"], 1.0)
+    assert ratio >= 1.5, ratio
     assert basin["hit_rate_late"] > passthrough["hit_rate_late"]
+    # Late hit rate >= 0.8 (0.83 on a quiet machine; the simulator: 0.87-0.88 on seeds 0-2). An emulator that
+    # runs late stretches every call in model time, and BASIN's reuse slides with it (0.76 at load 4, 0.71 at
+    # load 12): past LAG_LIMIT_S the figure measures the machine, and a miss is an expected failure.
+    if basin["hit_rate_late"] < 0.8 and lags["basin"] > LAG_LIMIT_S:
+        pytest.xfail(
+            f"late hit {basin['hit_rate_late']:.2f} with the emulator {lags['basin']:.2f} model s late"
+        )
+    assert basin["hit_rate_late"] >= 0.8, (basin["hit_rate_late"], lags)
 
 
 def test_every_request_is_answered(runs: dict[str, tuple]) -> None:
     """2xx, 429, 503 or a counted 5xx: no connection error, no broken answer, nothing hung."""
-    for policy, (result, _, logs) in runs.items():
+    for policy, (result, _, logs, _) in runs.items():
         assert result["connection_errors"] == 0 and result["failed_requests"] == 0, (
             policy,
             result["first_errors"],
