@@ -8,6 +8,7 @@ emulator's time scale and have a real Prometheus evaluate them during a surge ru
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import yaml
@@ -17,6 +18,18 @@ from basin_monitoring.promql import hit_rate, leader, scaled
 # Where docs/runbook.md is published: each alert's runbook_url is this page and the alert's section anchor.
 # The chart's `monitoring.prometheusRule.runbookBaseUrl` replaces the page (a docs mirror, an internal wiki).
 RUNBOOK_URL = "https://github.com/basin-project/basin/blob/main/docs/runbook.md"
+
+
+def heading_anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a Markdown page's headings (lower case, punctuation dropped, spaces to
+    hyphens): what each alert's `anchor` must be one of in docs/runbook.md."""
+    out = set()
+    for line in markdown.splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            out.add(re.sub(r"\s", "-", re.sub(r"[^\w\s-]", "", title)))
+    return out
+
 
 # Windows (production durations); `render(scale)` divides them.
 W = {

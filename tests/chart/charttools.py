@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -106,13 +105,3 @@ def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     found = by_kind(docs, kind)
     assert len(found) == 1, f"expected one {kind}, found {len(found)}"
     return found[0]
-
-
-def heading_anchors(markdown: str) -> set[str]:
-    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
-    out = set()
-    for line in markdown.splitlines():
-        if line.startswith("#"):
-            title = line.lstrip("#").strip().lower()
-            out.add(re.sub(r"\s", "-", re.sub(r"[^\w\s-]", "", title)))
-    return out

@@ -23,12 +23,13 @@ from charttools import (
     REPO,
     by_kind,
     copy_chart,
-    heading_anchors,
     helm,
     one,
     render,
     validate,
 )
+
+from basin_monitoring.alerts import heading_anchors
 
 MONITORING_KINDS = {"PrometheusRule", "ServiceMonitor", "PodMonitor"}
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Namespace"}

@@ -45,20 +45,10 @@ def test_promtool_accepts_the_rules(tmp_path: Path, scale: float) -> None:
     assert "SUCCESS" in result.stdout
 
 
-def _anchors(markdown: str) -> set[str]:
-    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
-    out = set()
-    for line in markdown.splitlines():
-        if line.startswith("#"):
-            title = line.lstrip("#").strip().lower()
-            out.add(re.sub(r"\s", "-", re.sub(r"[^\w\s-]", "", title)))
-    return out
-
-
 def test_every_alert_links_to_its_runbook_section() -> None:
     """Absolute links into the published runbook, each to a section docs/runbook.md has (the committed
     rule file is the generator's output, checked above)."""
-    anchors = _anchors((ROOT / "docs" / "runbook.md").read_text())
+    anchors = alerts.heading_anchors((ROOT / "docs" / "runbook.md").read_text())
     assert alerts.RUNBOOK_URL.startswith("https://") and alerts.RUNBOOK_URL.endswith("/docs/runbook.md")
     committed = yaml.safe_load((ROOT / "helm" / "basin" / "files" / "alerts" / "basin.yaml").read_text())
     rules = [r for g in committed["groups"] for r in g["rules"] if "alert" in r]
@@ -79,8 +69,10 @@ def test_the_runbook_page_is_a_parameter() -> None:
 
 def test_the_anchor_check_notices_a_missing_section() -> None:
     runbook = (ROOT / "docs" / "runbook.md").read_text()
-    assert "cache-trap" in _anchors(runbook)
-    assert "cache-trap" not in _anchors(runbook.replace("## Cache trap\n", "## Cache trapped\n"))
+    assert "cache-trap" in alerts.heading_anchors(runbook)
+    assert "cache-trap" not in alerts.heading_anchors(
+        runbook.replace("## Cache trap\n", "## Cache trapped\n")
+    )
 
 
 def test_every_engine_series_read_is_one_the_emulator_exports() -> None:
