@@ -325,10 +325,7 @@ class Replay:
         self, record: SessionRecord, index: int, prompt: list[int], output_tokens: int, final: bool
     ) -> tuple[_Answer, CallRecord]:
         """Send one call, waiting out 429s; returns the answer and the call's record."""
-        headers = {SESSION_HEADER: record.session_id}
-        if final:
-            headers[FINAL_HEADER] = "1"
-        answer, released = await self._send(record.session_id, prompt, output_tokens, headers)
+        answer, released = await self._send(record.session_id, prompt, output_tokens, final)
         self.counts.answered += 1
         self.parked.discard(record.session_id)
         self.active[record.session_id] = len(prompt)
@@ -354,18 +351,20 @@ class Replay:
         a call); returns the history its next call resends. Through a gateway it is the session's first
         call, parked or shed like any other."""
         prompt = tokens.filler(rng, prompt_tokens)
-        answer, _ = await self._send(sid, prompt, 1, {SESSION_HEADER: sid})
+        answer, _ = await self._send(sid, prompt, 1)
         if self.config.api == "openai":
             prompt = self._chat_ids(prompt)
         return prompt + answer.output
 
     async def _send(
-        self, sid: str, prompt: list[int], output_tokens: int, call_headers: Mapping[str, str]
+        self, sid: str, prompt: list[int], output_tokens: int, final: bool = False
     ) -> tuple[_Answer, float]:
         """POST one call until it is answered, as the client contract says: a 429 is waited out
         (Retry-After) and sent again, a 503 ends the session; returns the answer and when the attempt
         that was answered left."""
-        headers = {**self.config.headers, **call_headers, "Content-Type": "application/json"}
+        headers = {**self.config.headers, SESSION_HEADER: sid, "Content-Type": "application/json"}
+        if final:
+            headers[FINAL_HEADER] = "1"
         url, body = self._request(prompt, output_tokens)
         while True:
             released = self.now()
