@@ -40,7 +40,23 @@ def _pump(source: socket.socket, sink: socket.socket) -> None:
                 end.shutdown(socket.SHUT_RDWR)
 
 
-class ApiRelay:
+class _Served:
+    """A socketserver run on a daemon thread (its handlers on theirs), started and stopped by the test."""
+
+    def __init__(self, server: socketserver.BaseServer) -> None:
+        server.daemon_threads = True  # type: ignore[attr-defined]
+        self.server = server
+        self.thread = threading.Thread(target=server.serve_forever, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class ApiRelay(_Served):
     """Relays TCP connections from (host, any free port) to 127.0.0.1:`target_port`."""
 
     def __init__(self, host: str, target_port: int) -> None:
@@ -60,17 +76,8 @@ class ApiRelay:
                 upstream.close()
 
         socketserver.ThreadingTCPServer.allow_reuse_address = True
-        self.server = socketserver.ThreadingTCPServer((host, 0), Handler)
-        self.server.daemon_threads = True
+        super().__init__(socketserver.ThreadingTCPServer((host, 0), Handler))
         self.port = int(self.server.server_address[1])
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def parse_query(packet: bytes) -> tuple[int, int, str, int, int]:
@@ -123,7 +130,7 @@ def service_addresses(core: client.CoreV1Api) -> Callable[[str], list[str] | Non
     return resolve
 
 
-class ClusterDns:
+class ClusterDns(_Served):
     """A UDP DNS responder on (host, 53) answering with `resolve`."""
 
     def __init__(self, host: str, resolve: Callable[[str], list[str] | None]) -> None:
@@ -142,13 +149,4 @@ class ClusterDns:
                 sock.sendto(reply, self.client_address)
 
         socketserver.ThreadingUDPServer.allow_reuse_address = True
-        self.server = socketserver.ThreadingUDPServer((host, 53), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(socketserver.ThreadingUDPServer((host, 53), Handler))
