@@ -75,7 +75,10 @@ def deployment_options(default: str):  # type: ignore[no-untyped-def]
                 default=default,
                 show_default=True,
                 metavar="PRESET",
-                help="h100-1p1d, h200-1p1d, h200-1p2d, h200-1p3d or h200-2p6d.",
+                help=(
+                    "h100-1p1d, h200-1p1d, h200-1p2d, h200-1p3d or h200-2p6d, or another shape"
+                    " <gpu>-<P>p<D>d of h100 or h200 (host tier 2x unless --host-tier)."
+                ),
             ),
             click.option(
                 "--host-tier",

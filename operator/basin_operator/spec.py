@@ -14,6 +14,7 @@ from pydantic.alias_generators import to_camel
 
 from basin import __version__
 from basin.policy.basin import BasinConfig
+from basin.sim.deployments import PRESETS, SHAPE
 from basin_operator.constants import BASIN_IMAGE, ENGINE_IMAGE
 
 _DEFAULTS = BasinConfig()  # the paper's controller defaults (§6.6): one source of truth
@@ -343,7 +344,12 @@ class DisaggregationSpec(ApiModel):
         return "nixl" if self.decode_allocation == "prefill_complete" else None
 
 
-EMULATOR_PRESETS = ("h100-1p1d", "h200-1p1d", "h200-1p2d", "h200-1p3d", "h200-2p6d")  # basin emulate
+EMULATOR_PRESETS = tuple(PRESETS)  # basin emulate's named presets
+
+
+def emulator_shape_known(name: str) -> bool:
+    """`basin emulate --deployment` takes `name`: a preset, or another `<gpu>-<P>p<D>d` shape."""
+    return name in PRESETS or SHAPE.fullmatch(name) is not None
 
 
 class EmulatorSpec(ApiModel):
@@ -358,9 +364,9 @@ class EmulatorSpec(ApiModel):
     preset: str | None = Field(
         None,
         description=(
-            "Emulated deployment preset (basin emulate --deployment): h100-1p1d, h200-1p1d, h200-1p2d,"
-            " h200-1p3d or h200-2p6d; unset: <gpuKind>-<P>p<D>d from the replica counts, which must name"
-            " one of them."
+            "Emulated deployment (basin emulate --deployment): a preset (h100-1p1d, h200-1p1d, h200-1p2d,"
+            " h200-1p3d, h200-2p6d) or another shape <gpu>-<P>p<D>d of h100 or h200; unset:"
+            " <gpuKind>-<P>p<D>d from the replica counts, so scaling the replicas reshapes the emulator."
         ),
     )
     time_scale: float = Field(
@@ -472,11 +478,11 @@ class BasinDeploymentSpec(ApiModel):
             problems.append(f"spec.redis.url: must start with redis:// or rediss://, got {self.redis.url!r}")
         if self.redis.mode == "managed" and (self.redis.url or self.redis.password_secret):
             problems.append("spec.redis.url/passwordSecret: only for spec.redis.mode external")
-        if self.emulator.enabled and self.emulator_preset() not in EMULATOR_PRESETS:
+        if self.emulator.enabled and not emulator_shape_known(self.emulator_preset()):
             field = "spec.emulator.preset" if self.emulator.preset else "spec.emulator.preset (derived)"
             problems.append(
                 f"{field}: {self.emulator_preset()!r} is not an emulator preset;"
-                f" one of {', '.join(EMULATOR_PRESETS)}"
+                f" one of {', '.join(EMULATOR_PRESETS)} or another shape <gpu>-<P>p<D>d"
             )
         if self.profiling.max_backoff_seconds < self.profiling.backoff_seconds:
             problems.append(

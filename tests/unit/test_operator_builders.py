@@ -241,8 +241,11 @@ def test_emulated_engines_replace_engines_and_router_behind_the_same_service() -
     assert env["BASIN_TIME_SCALE"] == "10"  # the emulator's pace
     assert [k for _, k, n in builders.obsolete_children("x", emulated)].count("Deployment") == 3
     assert builders.obsolete_children("x", spec()) == [("apps/v1", "Deployment", "x-emulator")]
-    # A shape without a preset is named in the problem; an explicit preset overrides the derived one.
-    odd = spec(prefill={"replicas": 3}, emulator={"enabled": True})
+    # Any shape of a calibrated GPU emulates (scaling reshapes the emulator); an unknown preset is named in
+    # the problem; an explicit preset overrides the derived one.
+    scaled = spec(prefill={"replicas": 2}, emulator={"enabled": True})
+    assert scaled.check() == [] and "h200-2p1d" in builders.emulator_args(scaled)
+    odd = spec(emulator={"enabled": True, "preset": "b200-1p1d"})
     assert any("spec.emulator.preset" in problem for problem in odd.check())
     named = spec(prefill={"replicas": 3}, emulator={"enabled": True, "preset": "h200-2p6d"})
     assert named.check() == [] and "h200-2p6d" in builders.emulator_args(named)

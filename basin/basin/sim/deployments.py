@@ -6,6 +6,7 @@ Qwen3.6-35B-A3B in FP8 (30 linear-attention layers of 40), SGLang PD disaggregat
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 from basin.errors import BasinError
@@ -142,11 +143,24 @@ PRESETS: dict[str, Deployment] = {
 }
 
 
+SHAPE = re.compile(r"(?P<gpu>h100|h200)-(?P<prefill>[1-9][0-9]?)p(?P<decode>[1-9][0-9]?)d")
+
+
 def get_deployment(name: str, host_tier: float | None = None, **options: object) -> Deployment:
-    """A preset by name, with `host_tier` and other options overriding its defaults."""
-    if name not in PRESETS:
-        raise BasinError(f"unknown deployment {name!r}; choose one of {', '.join(PRESETS)}")
+    """A preset by name, or any other `<gpu>-<P>p<D>d` shape of a calibrated GPU (the calibration is per
+    instance; the shape only counts instances: `basin plan` builds every split the same way), with
+    `host_tier` and other options overriding its defaults. A shape that is not a preset gets the GPU's
+    default host tier (2x)."""
+    base = PRESETS.get(name)
+    if base is None:
+        match = SHAPE.fullmatch(name)
+        if match is None:
+            raise BasinError(
+                f"unknown deployment {name!r}; choose one of {', '.join(PRESETS)},"
+                " or another shape <gpu>-<P>p<D>d (gpu h100 or h200, 1-99 instances each)"
+            )
+        base = Deployment(name, GPUS[match["gpu"]], int(match["prefill"]), int(match["decode"]))
     changes: dict[str, object] = {k: v for k, v in options.items() if v is not None}
     if host_tier is not None:
         changes["host_tier"] = host_tier
-    return PRESETS[name].with_options(**changes)
+    return base.with_options(**changes)
