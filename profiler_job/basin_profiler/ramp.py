@@ -292,10 +292,11 @@ def _step(x: float, hit: float, departures: float, active: float, rate: float, m
 async def preflight(
     target: str, wait_s: float = 0.0, echo: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
-    """Fail before any load when the target does not answer `/health`; returns its `/get_server_info`
-    (empty when it has none, as a gateway or router may). With `wait_s`, an unreachable or unhealthy
-    target is asked again every few seconds until then: the operator starts the profiling Job together
-    with the gateway it ramps through, which may take a minute to become Ready."""
+    """Fail before any load when the target does not answer `/health`, or a gateway's `/ready` says its
+    upstream is not healthy yet; returns its `/get_server_info` (empty when it has none, as a gateway or
+    router may). With `wait_s`, an unreachable or unready target is asked again every few seconds until
+    then: the operator starts the profiling Job together with the gateway it ramps through, which may take
+    a minute to become Ready, and the gateway's upstream Service a moment more to route."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
@@ -318,6 +319,10 @@ async def _probe(target: str) -> dict[str, Any]:
                     raise ProfileFailure(
                         f"target {target} is not healthy: GET /health answered {response.status}"
                     )
+            async with http.get(f"{base}/ready") as response:  # a gateway's: is its upstream healthy?
+                if response.status == 503:
+                    detail = (await response.text())[:200]
+                    raise ProfileFailure(f"target {target} is not ready: GET /ready answered 503 {detail}")
             try:
                 async with http.get(f"{base}/get_server_info") as response:
                     info = await response.json(content_type=None) if response.status == 200 else {}

@@ -55,3 +55,33 @@ def test_without_a_wait_or_past_it_an_unreachable_target_fails(monkeypatch: pyte
     with pytest.raises(ProfileFailure, match="is unreachable"):
         asyncio.run(preflight(target, wait_s=1.0, echo=said.append))
     assert 2 <= len(said) <= 6  # asked again every retry interval until the wait ran out
+
+
+def test_a_gateway_whose_upstream_is_not_ready_is_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gateway is alive (/health) before its upstream answers through the Service; a ramp started then
+    fails on its first calls, so its /ready (503 until the upstream is healthy) is waited for too."""
+    monkeypatch.setattr(ramp, "PREFLIGHT_RETRY_S", 0.2)
+    asked = {"ready": 0}
+
+    async def ready(_: web.Request) -> web.Response:
+        asked["ready"] += 1
+        return web.Response(status=503 if asked["ready"] < 3 else 200, text="upstream-unavailable")
+
+    async def scenario(wait_s: float) -> dict:
+        app = web.Application()
+        app.router.add_get("/health", lambda _: web.Response())
+        app.router.add_get("/ready", ready)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            return await preflight(f"http://127.0.0.1:{port}", wait_s=wait_s, echo=said.append)
+        finally:
+            await runner.cleanup()
+
+    said: list[str] = []
+    with pytest.raises(ProfileFailure, match="is not ready: GET /ready answered 503 upstream-unavailable"):
+        asyncio.run(scenario(0))
+    assert asyncio.run(scenario(30)) == {} and asked["ready"] == 3
+    assert said and all("not ready" in line for line in said)
