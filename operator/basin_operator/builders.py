@@ -291,6 +291,12 @@ def engine_component(spec: BasinDeploymentSpec, role: str) -> str:
     return "emulator" if spec.emulator.enabled else role
 
 
+# A Pod being deleted keeps serving while its address leaves the Service's endpoints (kube-proxy and the
+# router learn it a moment later): without this wait the server closes its socket at once and calls sent
+# in that moment are refused. SIGTERM follows, then the server finishes what it has in flight.
+DRAIN_BEFORE_STOP = {"preStop": {"exec": {"command": ["sleep", str(c.DRAIN_SECONDS)]}}}
+
+
 def emulator_args(spec: BasinDeploymentSpec) -> list[str]:
     """`basin emulate` arguments: the preset, host tier, allocation policy and time scale from the spec,
     serving on the router's port so the router Service needs no other target."""
@@ -321,6 +327,7 @@ def build_emulator_deployment(name: str, namespace: str, spec: BasinDeploymentSp
         "args": emulator_args(spec),
         "ports": [{"name": "http", "containerPort": c.ROUTER_PORT, "protocol": "TCP"}],
         "readinessProbe": {"httpGet": {"path": "/health", "port": c.ROUTER_PORT}, "periodSeconds": 5},
+        "lifecycle": DRAIN_BEFORE_STOP,
         "livenessProbe": {
             "httpGet": {"path": "/health_generate", "port": c.ROUTER_PORT},
             "periodSeconds": 30,
@@ -415,6 +422,7 @@ def build_gateway_deployment(name: str, namespace: str, spec: BasinDeploymentSpe
         "env": gateway_env(name, spec),
         "ports": [{"name": "http", "containerPort": c.GATEWAY_PORT, "protocol": "TCP"}],
         "readinessProbe": {"httpGet": {"path": "/health", "port": c.GATEWAY_PORT}, "periodSeconds": 5},
+        "lifecycle": DRAIN_BEFORE_STOP,
         "resources": _resources(spec.gateway.resources),
         "volumeMounts": mounts,
     }

@@ -36,6 +36,7 @@ BOOTSTRAP_PORT_ANNOTATION = "sglang.ai/bootstrap-port"
 
 # Ports of the children.
 ENGINE_PORT = 30000
+DRAIN_SECONDS = 5  # gateway and emulator Pods serve this long after deletion before SIGTERM
 BOOTSTRAP_PORT = 8998
 ADMIN_TOKEN_KEY = "token"  # in the <name>-gateway-admin Secret
 UNIT_PORT = 8997  # the engine extension's unit service (decode) and fetch target (prefill), plus TP rank
