@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -593,14 +594,22 @@ def create_app(settings: EmulatorSettings) -> web.Application:
 
 
 async def serve(settings: EmulatorSettings, host: str, port: int, ready: Callable[[int], None]) -> None:
-    """Run the emulator until cancelled; `ready` gets the bound port (useful with port 0)."""
+    """Run the emulator until SIGTERM/SIGINT or cancellation; `ready` gets the bound port (useful with port
+    0). On SIGTERM it stops accepting and finishes the calls in flight (up to a minute) before it exits, as
+    SGLang's server does: a Pod replaced by a rollout (a scaled emulated deployment) loses no call. In a
+    container the process is PID 1, which ignores a SIGTERM it has no handler for."""
     runner = web.AppRunner(create_app(settings), handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
     bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     ready(bound)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     try:
-        await asyncio.Event().wait()
+        await stop.wait()
+        log.info("stopping: finishing the calls in flight")
     finally:
         await runner.cleanup()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -312,3 +313,23 @@ def test_a_port_in_use_is_a_one_line_error(emulator) -> None:  # type: ignore[no
     )
     assert result.returncode == 2
     assert "address already in use" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_sigterm_finishes_the_calls_in_flight_then_exits(emulator_factory) -> None:  # type: ignore[no-untyped-def]
+    """A Pod replaced by a rollout gets SIGTERM (as PID 1, which ignores it without a handler): the emulator
+    stops accepting, answers the call it is streaming in full, and exits."""
+    emulator = emulator_factory("--deployment", "h100-1p1d", "--time-scale", "1")
+    ids, sampling = tokens.output_ids(4, 300), {"max_new_tokens": 150}
+    body = {"input_ids": ids, "sampling_params": sampling, "stream": True}
+    with post(f"{emulator.url}/generate", body, stream=True) as response:
+        lines = response.iter_lines(decode_unicode=True)
+        first = next(line for line in lines if line.startswith("data: {"))
+        emulator.process.send_signal(signal.SIGTERM)  # ~150 decode steps (over a second) still to go
+        time.sleep(0.3)
+        with pytest.raises(requests.ConnectionError):
+            requests.get(f"{emulator.url}/health", timeout=5)  # no longer accepting
+        events = [first, *(line for line in lines if line.startswith("data: "))]
+    assert events[-1] == "data: [DONE]"
+    assert len(json.loads(events[-2][6:])["output_ids"]) == 150
+    assert emulator.process.wait(timeout=30) == 0
+    assert "finishing the calls in flight" in emulator.text()
