@@ -360,6 +360,22 @@ def _refusal(gateway: Gateway, route: str, verdict: Verdict) -> web.Response:
     )
 
 
+async def _post_upstream(
+    gateway: Gateway, url: str, data: bytes, headers: dict[str, str], may_retry: bool
+) -> aiohttp.ClientResponse:
+    """POST upstream; a pooled keep-alive connection the upstream closed as the call went out (a Pod
+    shutting down closes its idle connections) is retried once on a new connection: no answer was read, and
+    the server that reset it had stopped serving. Not with a prefill half, which is paired with this call."""
+    assert gateway.http is not None
+    try:
+        return await gateway.http.post(url, data=data, headers=headers, timeout=gateway.timeout)
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+        if not may_retry or isinstance(exc, aiohttp.ClientConnectorError):
+            raise
+        gateway.metrics.upstream_retries.inc()
+        return await gateway.http.post(url, data=data, headers=headers, timeout=gateway.timeout)
+
+
 async def _forward(
     request: web.Request,
     gateway: Gateway,
@@ -412,9 +428,8 @@ async def _forward(
     if target.prefill is not None:
         gateway.spawn(gateway.prefill_half(target.prefill, target.url, route, data, headers, rid))
     try:
-        upstream = await gateway.http.post(
-            f"{target.url}{route}", data=data, headers=headers, timeout=gateway.timeout
-        )
+        url, direct = f"{target.url}{route}", target.prefill is not None
+        upstream = await _post_upstream(gateway, url, data, headers, may_retry=not direct)
     except asyncio.CancelledError:
         left()
         raise

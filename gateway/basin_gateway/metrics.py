@@ -55,6 +55,11 @@ class GatewayMetrics:
         self.upstream_errors = Counter(
             f"{PREFIX}_upstream_errors", "Upstream failures, by kind.", ["kind"], registry=r
         )
+        self.upstream_retries = Counter(
+            f"{PREFIX}_upstream_retries",
+            "Calls sent again on a new connection after the upstream closed a pooled one as they went out.",
+            registry=r,
+        )
         self.aborts = Counter(
             f"{PREFIX}_upstream_aborts", "Upstream requests aborted after a client left.", registry=r
         )

@@ -290,6 +290,34 @@ def test_a_stream_that_breaks_off_is_broken_for_the_client_too(broken_gateway: P
     assert metric(broken_gateway.url, "basin_gateway_upstream_errors_total", 'kind="broken-stream"') == 1
 
 
+def test_a_connection_the_upstream_resets_as_the_call_goes_out_is_retried_once() -> None:
+    """A Pod shutting down closes its idle keep-alive connections; a call sent on one at that moment is sent
+    again on a new connection (counted), once: an upstream that keeps resetting is a 502."""
+    calls = {"/generate": 0, "/v1/completions": 0}
+
+    async def resets(request: web.Request) -> web.StreamResponse:
+        calls[request.path] += 1
+        if request.path == "/v1/completions" or calls[request.path] % 2 == 1:
+            assert request.transport is not None
+            request.transport.abort()  # closed with no answer, as a stopping server closes an idle one
+            return web.Response()
+        return web.json_response({"text": "ok", "meta_info": {"prompt_tokens": 1, "completion_tokens": 1}})
+
+    stub = Stub(resets).serve()
+    gateway = start_gateway(stub.url, "--policy", "passthrough")
+    try:
+        answer = post(gateway.url, "/generate", {"text": "x"}, **{"X-Session-ID": "r1"})
+        assert answer.status_code == 200 and answer.json()["text"] == "ok", answer.text
+        assert calls["/generate"] == 2
+        assert metric(gateway.url, "basin_gateway_upstream_retries_total") == 1
+        failed = post(gateway.url, "/v1/completions", {"prompt": "x"}, **{"X-Session-ID": "r2"})
+        assert_error(failed, 502, "upstream-unavailable")
+        assert calls["/v1/completions"] == 2  # once more, not again and again
+    finally:
+        gateway.stop()
+    assert "Traceback" not in gateway.text()
+
+
 def test_policies_needing_engine_features_are_refused_at_start() -> None:
     import subprocess
 
