@@ -600,7 +600,9 @@ async def serve(settings: EmulatorSettings, host: str, port: int, ready: Callabl
     container the process is PID 1, which ignores a SIGTERM it has no handler for."""
     runner = web.AppRunner(create_app(settings), handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    # SGLang's server (uvicorn) listens with a backlog of 2048; aiohttp's 128 drops the connections of a
+    # burst (a gateway opening hundreds at once) while the event loop is busy, and they time out.
+    site = web.TCPSite(runner, host, port, backlog=2048)
     await site.start()
     bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     ready(bound)

@@ -326,7 +326,12 @@ def build_emulator_deployment(name: str, namespace: str, spec: BasinDeploymentSp
         "command": ["basin"],
         "args": emulator_args(spec),
         "ports": [{"name": "http", "containerPort": c.ROUTER_PORT, "protocol": "TCP"}],
-        "readinessProbe": {"httpGet": {"path": "/health", "port": c.ROUTER_PORT}, "periodSeconds": 5},
+        # A loaded emulator's event loop may answer late; a 1 s probe would take it out of its Service.
+        "readinessProbe": {
+            "httpGet": {"path": "/health", "port": c.ROUTER_PORT},
+            "periodSeconds": 5,
+            "timeoutSeconds": 10,
+        },
         "lifecycle": DRAIN_BEFORE_STOP,
         "livenessProbe": {
             "httpGet": {"path": "/health_generate", "port": c.ROUTER_PORT},
@@ -555,6 +560,7 @@ def build_profile_job(
         "BASIN_PROFILE_RAMPS": str(profiling.ramps),
         "BASIN_PROFILE_STEPS": str(profiling.steps),
         "BASIN_PROFILE_STEP_SECONDS": str(profiling.step_seconds),
+        "BASIN_PROFILE_TOP_RATE": f"{profiling.top_rate:g}",
         "BASIN_PREFILL_REPLICAS": str(prefill),
         "BASIN_DECODE_REPLICAS": str(decode),
         "BASIN_GPU_KIND": spec.gpu_kind,

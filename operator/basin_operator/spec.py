@@ -390,6 +390,16 @@ class ProfilingSpec(ApiModel):
     ramps: int = Field(4, ge=1, description="Repeated load ramps; κ is the lower quartile of their fits.")
     steps: int = Field(8, ge=3, description="Load steps per ramp, from low load to past the cliff.")
     step_seconds: int = Field(720, ge=10, description="Length of one load step, seconds.")
+    top_rate: float = Field(
+        2.0,
+        gt=0,
+        le=4,
+        description=(
+            "The last step's arrival rate as a multiple of the fluid model's peak departure rate (steps run"
+            " from a fifth of it up); lower it where the deployment's cliff comes early and the deepest"
+            " overload only slows the ramp (an emulator on a small machine)."
+        ),
+    )
     on_scale: bool = Field(
         True, description="Profile again after every scale event; false: only the first profile is measured."
     )
