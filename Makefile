@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-engine test-live lint venv clean crds system-deps node-deps kube images tools sglang-venv
+.PHONY: demo test e2e test-engine test-live lint venv clean crds system-deps node-deps kube images tools sglang-venv
 
 $(BIN)/basin: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,7 +36,7 @@ system-deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
-# The node test (tests/cluster/test_node_pods.py) runs the operator's children as Pods: containerd, runc and
+# `make e2e` (tests/e2e/run.py) runs the operator and its children as Pods: containerd, runc and
 # the CNI plugins for the node, buildah/podman/skopeo/debootstrap for `make images`, gcc for the node's
 # pause image, iptables for kube-proxy (apt, when missing: root on a fresh machine).
 NODE_PACKAGES := containerd:containerd ctr:containerd runc:runc buildah:buildah podman:podman skopeo:skopeo \
@@ -47,12 +47,12 @@ node-deps:
 	[ -x /usr/lib/cni/bridge ] || missing="$$missing containernetworking-plugins"; \
 	[ -f /usr/include/stdio.h ] || missing="$$missing libc6-dev"; \
 	if [ -n "$$missing" ]; then \
-	  echo "installing$$missing with apt (the node test and make images need them)"; \
+	  echo "installing$$missing with apt (make e2e and make images need them)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
 # Kubernetes 1.20 from Debian's source package into ~/.cache/basin-k8s/bin: the control plane the cluster
-# tests start and the kubelet, scheduler and kube-proxy of the node test (once, ~13-20 min on 2 cores;
+# tests start and the kubelet, scheduler and kube-proxy of `make e2e` (once, ~13-20 min on 2 cores;
 # at once when cached).
 kube:
 	bash tests/cluster/k8s/build-kube.sh
@@ -63,10 +63,16 @@ tools: venv
 	PYTHON=$(BIN)/python bash helm/get-tools.sh
 
 # Both suites always run, so one failing does not hide the other's result; the exit status is theirs.
-# The node test loads the images (`make images`: skipped when their inputs are unchanged) onto its node.
+# `make e2e` loads the images (`make images`: skipped when their inputs are unchanged) onto its node.
 test: lint system-deps node-deps tools sglang-venv kube images
 	status=0; $(BIN)/python -m pytest -m "not engine" || status=$$?; \
-	$(MAKE) test-engine || status=1; exit $$status
+	$(MAKE) test-engine || status=1; \
+	$(MAKE) e2e || status=1; exit $$status
+
+# End to end on a real node (tests/e2e/run.py, docs/e2e.md): helm install, examples/emulated.yaml profiled to
+# Ready, a x5 surge through the gateway Service, Prometheus, scale, Pod deletions, helm uninstall; ~15 min.
+e2e: venv system-deps node-deps tools kube images
+	$(BIN)/python tests/e2e/run.py $(E2E_ARGS)
 
 # Engine-extension tests run against SGLang's own classes in a CPU venv cached outside the repository
 # (built once per machine by engine_ext/make-venv.sh); the checkout is installed into it without

@@ -16,7 +16,7 @@ BASIN_IMAGE = f"{IMAGE_REPOSITORY}/basin"
 ENGINE_IMAGE = f"{IMAGE_REPOSITORY}/basin-engine"
 # The SGLang the engine image builds on (pyproject.toml pins sglang==0.5.23).
 SGLANG_IMAGE = "lmsysorg/sglang:v0.5.23"
-# Debian's redis-server for clusters without a registry (images/redis; the node test sets spec.images.redis
+# Debian's redis-server for clusters without a registry (images/redis; `make e2e` sets spec.images.redis
 # to it). spec.images.redis defaults to the upstream image, which real clusters pull.
 REDIS_IMAGE = f"{IMAGE_REPOSITORY}/basin-redis"
 

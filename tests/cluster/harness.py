@@ -35,9 +35,15 @@ RESYNC_SECONDS = 1.0
 
 
 def wait_for(
-    check: Callable[[], Any], timeout: float = 30.0, what: str = "condition", every: float = 0.25
+    check: Callable[[], Any],
+    timeout: float = 30.0,
+    what: str = "condition",
+    every: float = 0.25,
+    fail: Callable[[str], Any] = pytest.fail,
+    transient: tuple[type[Exception], ...] = (),
 ) -> Any:
-    """Poll `check` until it returns something truthy, up to `timeout` seconds; fail naming `what`."""
+    """Poll `check` until it returns something truthy, up to `timeout` seconds; an API 404/409 or one of
+    the `transient` errors counts as not yet. Then `fail` (pytest's, or the e2e run's) names `what`."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -47,10 +53,15 @@ def wait_for(
             if error.status not in (404, 409):
                 raise
             last = None
+        except transient as error:
+            last = f"{type(error).__name__}: {error}"
+            time.sleep(every)
+            continue
         if last:
             return last
         time.sleep(every)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+    fail(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+    raise AssertionError("unreachable: `fail` returned")
 
 
 def service_account_token(core: client.CoreV1Api, name: str, namespace: str) -> str:

@@ -1,7 +1,7 @@
 """What a Pod on the test node needs from the host that a real cluster's add-ons would give it.
 
 The apiserver of the test cluster listens on 127.0.0.1 only and there is no CoreDNS image (no registry), so
-the node test runs two small host-side services on the Pod bridge's gateway address:
+`make e2e` (tests/e2e/run.py) runs two small host-side services on the Pod bridge's gateway address:
 
 - `ApiRelay`: a TCP relay from <bridge>:<port> to the apiserver on 127.0.0.1. The `kubernetes` Service's
   Endpoints name it (the test cluster runs without the endpoint reconciler), so in-cluster clients (the

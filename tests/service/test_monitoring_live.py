@@ -13,7 +13,6 @@ import dataclasses
 import json
 import math
 import os
-import re
 import shutil
 import subprocess
 import time
@@ -34,7 +33,7 @@ from gateway_helpers import (
 
 from basin_gateway.build import preset_profile
 from basin_gateway.local import surge_replay
-from basin_monitoring import alerts, dashboards
+from basin_monitoring import alerts, verify
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
 
@@ -151,11 +150,8 @@ def surge(policy: str, tmp: Path) -> Iterator[Run]:
         assert replay.returncode == 0, replay.stdout + replay.stderr
         time.sleep(3)  # two more scrapes and rule evaluations after the last call (not an assertion)
         end = time.time()
-        exported = frozenset(
-            line.split()[2]
-            for target in (gateway.url, emulator.url)
-            for line in requests.get(f"{target}/metrics", timeout=10).text.splitlines()
-            if line.startswith("# HELP ")
+        exported = verify.exported_families(
+            requests.get(f"{target}/metrics", timeout=10).text for target in (gateway.url, emulator.url)
         )
         for process in (gateway, redis, emulator):  # Prometheus keeps what it recorded, for the tests
             process.stop()
@@ -221,58 +217,18 @@ def test_the_cliff_and_trap_alerts_fire_under_hicache_alone_and_stay_silent_unde
     assert not basin.fired(TRAP), f"late hit {late_hit:.2f}"
 
 
-def _dashboard_expr(expr: str) -> str:
-    return expr.replace("$__rate_interval", RATE_INTERVAL).replace("$namespace", ".*")
-
-
 def test_every_dashboard_query_returns_data(runs: dict[str, Run]) -> None:
     """Under BASIN every series exists (HiCache alone has no budget or flags); a misspelled metric or label
     returns nothing and fails here."""
     run = runs["basin"]
-    empty = [
-        (name, expr)
-        for name in dashboards.DASHBOARDS
-        for expr in dashboards.expressions(name)
-        if not run.finite_values(_dashboard_expr(expr))
-    ]
+    empty = verify.empty_dashboard_queries(lambda e: bool(run.finite_values(e)), RATE_INTERVAL)
     assert not empty, empty
 
 
 def test_every_rule_expression_returns_data(runs: dict[str, Run]) -> None:
     """Each recording rule and each alert condition's signal (its threshold applied, the alert may rightly
-    be silent) returns data in the run whose policy produces it."""
+    be silent) returns data in the run whose policy produces it, or names only exported metrics (a counter
+    with labels has no series until its first event)."""
     run = runs["basin"]
-    exprs = [expr for _, expr in alerts.recording(SCALE)]
-    for alert in alerts.alerts(SCALE):
-        for condition in alert.conditions:
-            exprs.append(condition.signal)
-            if not _is_number(condition.threshold):
-                exprs.append(condition.threshold)
-    empty = [expr for expr in exprs if not run.finite_values(expr)]
-    # A counter with labels has no series until its first event (no session shed in this run): such an
-    # expression may be empty, but every metric it names must be one the targets export, so a misspelled
-    # name still fails here.
-    unknown = {
-        expr: names
-        for expr in empty
-        if (names := {n for n in METRIC.findall(expr) if not _exported(n, run.exported)} - RECORDED)
-    }
+    unknown = verify.unknown_rule_metrics(lambda e: bool(run.finite_values(e)), SCALE, run.exported)
     assert not unknown, unknown
-
-
-METRIC = re.compile(r"\b(basin_gateway_\w+|sglang:\w+|basin:[\w:]+)")
-RECORDED = {name for name, _ in alerts.recording(SCALE)}
-
-
-def _exported(name: str, families: frozenset[str]) -> bool:
-    """A sample name's family is exported (histograms and counters add suffixes to their family's name)."""
-    base = re.sub(r"_(bucket|sum|count|total|created)$", "", name)
-    return name in families or base in families or f"{base}_total" in families
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
