@@ -70,7 +70,7 @@ test: lint system-deps node-deps tools sglang-venv kube images
 	$(MAKE) e2e || status=1; exit $$status
 
 # End to end on a real node (tests/e2e/run.py, docs/e2e.md): helm install, examples/emulated.yaml profiled to
-# Ready, a x5 surge through the gateway Service, Prometheus, scale, Pod deletions, helm uninstall; ~15 min.
+# Ready, a x5 surge through the gateway Service, Prometheus, scale, Pod deletions, helm uninstall; ~17 min.
 e2e: venv system-deps node-deps tools kube images
 	$(BIN)/python tests/e2e/run.py $(E2E_ARGS)
 

@@ -734,12 +734,14 @@ def main(argv: list[str] | None = None) -> int:
         table = Table(title="make e2e")
         for column in ("step", "result", "seconds"):
             table.add_column(column)
-        for outcome in e2e.outcomes:
-            result = "passed" if outcome.passed else f"FAILED: {outcome.message.splitlines()[0][:100]}"
-            table.add_row(outcome.name, result, f"{outcome.seconds:.0f}")
-        for name, _ in steps[len(e2e.outcomes) - 1 :]:
-            if not any(o.name == name for o in e2e.outcomes):
+        outcomes = {outcome.name: outcome for outcome in e2e.outcomes}
+        for name in [*(name for name, _ in steps), "teardown"]:
+            outcome = outcomes.get(name)
+            if outcome is None:
                 table.add_row(name, "not run", "")
+                continue
+            result = "passed" if outcome.passed else f"FAILED: {outcome.message.splitlines()[0][:100]}"
+            table.add_row(name, result, f"{outcome.seconds:.0f}")
         console.print(table)
         return 0 if all(o.passed for o in e2e.outcomes) else 1
 
