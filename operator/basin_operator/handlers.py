@@ -66,22 +66,15 @@ def spec_problems(name: str, raw: dict[str, Any]) -> tuple[BasinDeploymentSpec |
     return (spec if not problems else None), problems
 
 
-def _readiness(kind: str, name: str, namespace: str, desired: int) -> Readiness:
+def _readiness(kind: str, name: str, namespace: str, desired: int, rolled_out: bool = False) -> Readiness:
+    """A child's ready replicas. With `rolled_out` (a Deployment), 0 until its rollout is complete (the
+    newest spec observed, every replica updated, no old one left): the emulator stands in for every engine,
+    so a scale replaces it, and until the old Pod is gone a profile would measure calls cut by its removal."""
     child = kube.get("apps/v1", kind, name, namespace)
     if child is None:
         return Readiness(None, desired)
-    return Readiness(int((child.get("status") or {}).get("readyReplicas") or 0), desired)
-
-
-def _rolled_out(name: str, namespace: str, desired: int) -> Readiness:
-    """A Deployment's ready replicas once its rollout is complete (the newest spec observed, every replica
-    updated, no old one left), else 0. The emulator stands in for every engine, so a scale replaces it
-    (a new shape); until the old Pod is gone, a profile would measure calls cut by its removal."""
-    child = kube.get("apps/v1", "Deployment", name, namespace)
-    if child is None:
-        return Readiness(None, desired)
     status = child.get("status") or {}
-    done = (
+    done = not rolled_out or (
         int(status.get("observedGeneration") or 0) >= int(child["metadata"].get("generation") or 0)
         and int(status.get("updatedReplicas") or 0) == desired
         and int(status.get("replicas") or 0) == desired
@@ -177,7 +170,7 @@ def reconcile(name: str, namespace: str, emit: Emit, logger: Any) -> None:
     }
     if spec.emulator.enabled:
         # One emulator pod stands in for every engine and the router: while it is ready, so are they all.
-        emulator = _rolled_out(c.child_name(name, "emulator"), namespace, 1)
+        emulator = _readiness("Deployment", c.child_name(name, "emulator"), namespace, 1, rolled_out=True)
         for what in ("prefill", "decode", "router"):
             ready = None if emulator.ready is None else (wanted[what] if emulator.ok else 0)
             parts[f"{what.capitalize()}Ready"] = (f"{what} (emulated)", Readiness(ready, wanted[what]))

@@ -13,8 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from basin import __version__
+from basin.errors import BasinError
 from basin.policy.basin import BasinConfig
-from basin.sim.deployments import PRESETS, SHAPE
+from basin.sim.deployments import PRESETS, get_deployment
 from basin_operator.constants import BASIN_IMAGE, ENGINE_IMAGE
 
 _DEFAULTS = BasinConfig()  # the paper's controller defaults (§6.6): one source of truth
@@ -349,7 +350,11 @@ EMULATOR_PRESETS = tuple(PRESETS)  # basin emulate's named presets
 
 def emulator_shape_known(name: str) -> bool:
     """`basin emulate --deployment` takes `name`: a preset, or another `<gpu>-<P>p<D>d` shape."""
-    return name in PRESETS or SHAPE.fullmatch(name) is not None
+    try:
+        get_deployment(name)
+    except BasinError:
+        return False
+    return True
 
 
 class EmulatorSpec(ApiModel):
