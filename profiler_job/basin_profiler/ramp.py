@@ -495,4 +495,8 @@ def deployment_from(
     if host_ratio is None:
         host, cache = number("host_cache_tokens"), number("prefill_cache_tokens")
         host_ratio = host / cache if host is not None and cache else base.host_tier
-    return base.with_options(prefill_instances=prefill, decode_instances=decode, host_tier=host_ratio)
+    # Named by its shape (a preset's name where the shape is one), so the profile says what was measured.
+    name = f"{base.gpu.name}-{prefill}p{decode}d"
+    return base.with_options(
+        name=name, prefill_instances=prefill, decode_instances=decode, host_tier=host_ratio
+    )

@@ -134,10 +134,12 @@ def test_the_deployment_comes_from_options_then_the_server_then_the_preset() -> 
     info = {"gpu": "h200", "prefill_instances": 1, "decode_instances": 3, "prefill_cache_tokens": 2_000_000,
             "host_cache_tokens": 4_000_000}  # fmt: skip
     served = deployment_from(info)
-    assert (served.gpu.name, served.prefill_instances, served.decode_instances, served.host_tier) == (
-        "h200", 1, 3, 2.0
+    assert (served.name, served.prefill_instances, served.decode_instances, served.host_tier) == (
+        "h200-1p3d", 1, 3, 2.0
     )  # fmt: skip
-    assert deployment_from(info, decode=2, host_ratio=0.0).decode_instances == 2
+    # The shape measured names the profile (it used to keep the 1P1D base's name).
+    assert deployment_from(info, decode=2, host_ratio=0.0).name == "h200-1p2d"
+    assert deployment_from({"gpu": "h100", "prefill_instances": 2, "decode_instances": 6}).name == "h100-2p6d"
     assert deployment_from({}).name == "h200-1p3d"
     assert deployment_from({}, gpu="h100").gpu.name == "h100"
 
