@@ -1,6 +1,7 @@
 """Deployment presets and the calibrated engine constants: every number the engine model uses.
 
-Each constant says which published figure it comes from (paper §3, §4, §7.10; DESIGN.md). Model:
+Where each constant comes from (published, with the paper's section; fitted, to which figure; or assumed)
+is tabled in docs/simulator.md, "Constants and their sources" (a test keeps every field there). Model:
 Qwen3.6-35B-A3B in FP8 (30 linear-attention layers of 40), SGLang PD disaggregation, page size 64.
 """
 
