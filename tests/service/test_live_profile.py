@@ -25,10 +25,16 @@ def run_basin(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[s
     return subprocess.run([BASIN, *args], capture_output=True, text=True, timeout=timeout, check=False)
 
 
-# Few, short steps at a high time scale keep each live ramp near a minute of wall time; --simulate runs the
-# same steps. Steps of 10 model minutes are shorter than a session's ~12.6-minute unloaded lifetime, so
-# neither side lets the population settle; they are compared on the same footing.
-STEPS = ["--ramps", "2", "--steps", "5", "--step-minutes", "10"]
+# Few steps at a high time scale keep each live ramp to a few wall minutes; --simulate runs the same steps.
+# h100-1p1d: steps of 10 model minutes are shorter than a session's ~12.6-minute unloaded lifetime, so
+# neither side lets the population settle; they are compared on the same footing. h200-1p3d: its population
+# builds 3x larger before the cliff, and 10-minute steps end before it crosses (the simulated ramp alone
+# never leaves the plateau, up to 2.25x the cache), so three 20-minute steps from 0.4x to 2x the fluid peak:
+# the middle one near the peak, the last past the cliff.
+STEPS = {
+    "h100-1p1d": ("--ramps", "2", "--steps", "5", "--step-minutes", "10"),
+    "h200-1p3d": ("--ramps", "1", "--steps", "3", "--step-minutes", "20"),
+}
 # λc, the departure peak at the cliff's edge, moves with the emulator's own delay: past a mean event-loop
 # lag of 0.1 model seconds (5 ms of wall time at x20, half the unloaded median TTFT) a λc out of tolerance
 # is reported as an expected failure naming the lag, not a pass; κ is asserted whatever the lag.
@@ -36,26 +42,29 @@ LAG_LIMIT_S = 0.1
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", ["h100-1p1d"])
+@pytest.mark.parametrize("preset", sorted(STEPS))
 def test_live_profile_of_the_emulator_agrees_with_the_simulated_one(  # type: ignore[no-untyped-def]
     emulator_factory, tmp_path: Path, preset: str
 ) -> None:
     """Issue 16: κ and λc within ±20 % of `basin profile --simulate` for the same preset and steps. The live
     ramp starts warm as the simulator does (same seed, same arrivals), so the two differ only by what the
     emulator and the client add: HTTP and event-loop time, x20 in model time. Measured on the 2-core
-    reference machine: live κ 1.24 / λc 4.50 and κ 1.22 / λc 5.30 (load 3-6, emulator 0.15 model s late)
-    against 1.18 / 4.90; in three runs with the machine
-    shared at loads of 4-13 (the emulator 0.25-0.44 model s late) κ 0.99-1.25 but λc 3.5-3.8: λc, the
-    departure peak at the cliff's edge, is the figure most sensitive to the client's and emulator's own
-    delay, which tips the live engine toward the trap early."""
+    reference machine, h100-1p1d: live κ 1.24 / λc 4.50 and κ 1.22 / λc 5.30 (load 3-6, emulator 0.15
+    model s late) against 1.18 / 4.90; in three runs with the machine shared at loads of 4-13 (the emulator
+    0.25-0.44 model s late) κ 0.99-1.25 but λc 3.5-3.8: λc, the departure peak at the cliff's edge, is the
+    figure most sensitive to the client's and emulator's own delay, which tips the live engine toward the
+    trap early. h200-1p3d on a quiet machine: live κ 1.02 / λc 15.00 (x20, 3 wall minutes, emulator
+    0.10 model s late) and 1.03 / 15.30 (x10) against 1.02 / 15.15."""
+    steps = STEPS[preset]
     emulator = emulator_factory("--deployment", preset, "--time-scale", "20")
     out, plot = tmp_path / "profile.json", tmp_path / "profile.png"
     live = run_basin("profile", "--target", emulator.url, "--api", "sglang", "--quiet", "--out", str(out),
-                     "--plot", str(plot), *STEPS)  # fmt: skip
+                     "--plot", str(plot), *steps)  # fmt: skip
     assert live.returncode == 0, live.stderr
+    assert f"{preset}: κ = " in live.stderr  # the summary names the shape measured
     profile = parse_profile(out.read_text())
     assert plot.stat().st_size > 10_000
-    simulated = run_basin("profile", "--simulate", "--deployment", preset, "--json", *STEPS)
+    simulated = run_basin("profile", "--simulate", "--deployment", preset, "--json", *steps)
     assert simulated.returncode == 0, simulated.stderr
     model = json.loads(simulated.stdout)
     with urllib.request.urlopen(f"{emulator.url}/get_server_info", timeout=10) as answer:
@@ -72,8 +81,10 @@ def test_live_profile_of_the_emulator_agrees_with_the_simulated_one(  # type: ig
     assert (profile.prefill_gpu_tokens, profile.host_tokens, profile.decode_kv_tokens) == (
         model["prefill_gpu_tokens"], model["host_tokens"], model["decode_kv_tokens"]
     )  # fmt: skip
-    assert len(profile.ramps) == 2 and all(len(r) == 5 for r in profile.ramps)
-    assert profile.step_minutes == 10 and profile.source == "live"
+    assert profile.deployment == model["deployment"] == preset
+    ramps, per_ramp, minutes = int(steps[1]), int(steps[3]), float(steps[5])
+    assert len(profile.ramps) == ramps and all(len(r) == per_ramp for r in profile.ramps)
+    assert profile.step_minutes == minutes and profile.source == "live"
     in_tolerance = profile.lambda_c_per_min == pytest.approx(model["lambda_c_per_min"], rel=0.20)
     if not in_tolerance and lag > LAG_LIMIT_S:
         pytest.xfail(f"λc out of ±20 % on a machine that measured itself: {report}")
