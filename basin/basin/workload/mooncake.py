@@ -37,10 +37,23 @@ class TraceRequest:
 @dataclass(frozen=True)
 class ReferenceService:
     """Unloaded service rates used to find when a turn would have ended, so that tool gaps are the
-    time from that end to the next turn. Defaults are the H100 1P1D calibration (DESIGN.md)."""
+    time from that end to the next turn. `h100()` takes them from the simulator's H100 calibration."""
 
-    prefill_tokens_per_s: float = 31_000.0
-    decode_s_per_token: float = 0.02
+    prefill_tokens_per_s: float
+    decode_s_per_token: float
+
+    @classmethod
+    def h100(cls) -> ReferenceService:
+        """The H100 engine model's own rates: saturated prefill at the Terminal-Bench median context
+        (31K tokens/s, §3) and its batch-one decode step (one copy of the calibration, not a second)."""
+        from basin.sim.costs import decode_step_seconds, prefill_seconds
+        from basin.sim.deployments import H100
+
+        median_context = 25_600
+        return cls(
+            prefill_tokens_per_s=1 / prefill_seconds(H100, 1, median_context),
+            decode_s_per_token=decode_step_seconds(H100, 1, median_context),
+        )
 
     def duration_s(self, uncached_tokens: int, output_tokens: int) -> float:
         return uncached_tokens / self.prefill_tokens_per_s + output_tokens * self.decode_s_per_token
@@ -128,7 +141,7 @@ def sessions_from_trace(
     requests: list[TraceRequest], service: ReferenceService | None = None
 ) -> list[Session]:
     """Turn chained trace requests into sessions ordered by arrival."""
-    service = service or ReferenceService()
+    service = service or ReferenceService.h100()
     sessions = []
     for chain in chain_requests(requests):
         calls: list[Call] = []
