@@ -10,6 +10,9 @@ from basin.sim import Simulation, SimulationConfig, get_deployment
 from basin.sim.policies import build_policy
 from basin.workload import RateSchedule, load_workload
 
+# Seed 0 in the quick run; seeds 1-4 with the slow tests (issue 15: claims hold on seeds 0-4).
+SEEDS = [0, *(pytest.param(seed, marks=pytest.mark.slow) for seed in range(1, 5))]
+
 
 @cache
 def run(policy: str, prediction: str = "predictor", seed: int = 0) -> Summary:
@@ -42,8 +45,15 @@ def test_arrival_time_variant_also_escapes_the_trap() -> None:
     assert run("basin-arrival").goodput_sessions_per_h >= 2.5 * run("hicache").goodput_sessions_per_h
 
 
-def test_exact_peaks_do_at_least_as_well_as_predictions() -> None:
-    assert run("basin", "oracle").goodput_sessions_per_h >= 0.95 * run("basin").goodput_sessions_per_h
+@pytest.mark.parametrize("seed", SEEDS)
+def test_exact_peaks_do_at_least_as_well_as_predictions(seed: int) -> None:
+    """Issue 15: the oracle (each session's true peak context) does at least as well as the trained
+    predictor. Measured, sessions/h, predictor -> oracle: seed 0 844 -> 887, 1 871 -> 912, 2 854 -> 887,
+    3 853 -> 932, 4 853 -> 891; oracle/predictor 1.055 (1.039-1.093), both healthy on every seed, late hit
+    rate 0.935-0.941 either way."""
+    oracle, predicted = run("basin", "oracle", seed), run("basin", "predictor", seed)
+    assert oracle.label in ("healthy", "recovering")
+    assert oracle.goodput_sessions_per_h >= predicted.goodput_sessions_per_h
 
 
 def test_lending_serves_next_turns_from_decode_memory_without_a_host_tier() -> None:
