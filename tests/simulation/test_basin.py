@@ -1,11 +1,13 @@
 """BASIN against HiCache alone on the paper's main cache-first scenario (H200 1P3D, 2x host tier,
 x5 surge for 20 minutes from about half the critical rate)."""
 
+import dataclasses
 from functools import cache
 
 import pytest
 
 from basin.evaluate import Summary
+from basin.evaluate.summary import hit_rate_between
 from basin.sim import Simulation, SimulationConfig, get_deployment
 from basin.sim.policies import build_policy
 from basin.workload import RateSchedule, load_workload
@@ -56,27 +58,47 @@ def test_exact_peaks_do_at_least_as_well_as_predictions(seed: int) -> None:
     assert oracle.goodput_sessions_per_h >= predicted.goodput_sessions_per_h
 
 
-def test_lending_serves_next_turns_from_decode_memory_without_a_host_tier() -> None:
-    """Lent units serve next turns by transfer: reuse rises and goodput does not fall. The paper's larger
-    effect (0.50-0.89 of goodput retained without lending, GPU-only) is not reproduced here: with the
-    backlog-gated budget, ordering by the fixed key keeps most of the resident cohort's reuse without
-    lending (docs/policies.md, ablation suite)."""
-    import dataclasses
-
+@cache
+def lending_run(lending: bool, seed: int) -> tuple[Summary, float, int]:
+    """GPU-only 1P3D, x5 surge from 6/min, BASIN with lending on or off: the summary, the hit rate of
+    prompts that start prefill during the surge, and the number of prompts served from a lent unit."""
     deployment = get_deployment("h200-1p3d", host_tier=0)
-    pool = load_workload("terminal-bench", seed=0)
+    pool = load_workload("terminal-bench", seed=seed)
     schedule = RateSchedule(
         base_rate=6.0, duration_min=120, surge_factor=5.0, surge_start_min=15, surge_minutes=20
     )
-    runs = {}
-    for lending in (True, False):
-        policy = build_policy("basin", deployment, pool, 0)
-        policy.config = dataclasses.replace(policy.config, lending=lending)  # type: ignore[attr-defined]
-        sim = Simulation(SimulationConfig(deployment, schedule, seed=0), policy, pool)
-        runs[lending] = sim.run().summary
-        assert (sim.engine.counters.unit_fetches > 0) == lending
-    assert runs[True].hit_rate_late >= runs[False].hit_rate_late
-    assert runs[True].goodput_sessions_per_h >= 0.98 * runs[False].goodput_sessions_per_h
+    policy = build_policy("basin", deployment, pool, seed)
+    policy.config = dataclasses.replace(policy.config, lending=lending)  # type: ignore[attr-defined]
+    sim = Simulation(SimulationConfig(deployment, schedule, seed=seed), policy, pool)
+    result = sim.run()
+    records = result.records
+    assert records.trigger_s is not None and records.trigger_end_s is not None
+    surge_hit = hit_rate_between(records, records.trigger_s, records.trigger_end_s)
+    return result.summary, surge_hit, sim.engine.counters.unit_fetches
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_lending_serves_next_turns_from_decode_memory_without_a_host_tier(seed: int) -> None:
+    """Lent units serve next turns by transfer: reuse during the surge rises on every seed and goodput
+    does not fall. Measured, lending off -> on, seeds 0-4:
+    - hit rate of prompts starting prefill in the surge (minutes 15-35): 0.803-0.811 -> 0.814-0.844,
+      difference +0.017 (+0.011 to +0.033), so the bound below is +0.01;
+    - goodput, sessions/h: 605-657 -> 623-660, ratio 1.016 (1.003-1.037); healthy on every seed either way;
+    - hit_rate_late (the final 30 minutes) does not rise: -0.009 (-0.025 to +0.005), lower with lending
+      on seeds 2-4. Lent memory raises the budget (c_eff), so the sessions parked in the surge are let
+      in sooner and more stay resident afterwards (seed 2, minutes 35-90: 226 vs 178 active, 1.6 vs 38
+      parked; minutes 90-120: 101 vs 94 active, working set 4.8M vs 4.4M tokens): the late cache serves
+      a larger population. A late-hit bound would hold on chosen seeds only (0 and 1).
+    The paper's larger effect (0.50-0.89 of goodput retained without lending, GPU-only) is not
+    reproduced here (0.96-1.00): with the backlog-gated budget, ordering by the fixed key keeps most of
+    the resident cohort's reuse without lending (docs/policies.md, ablation suite)."""
+    (lent, lent_surge_hit, fetches), (kept, kept_surge_hit, no_fetches) = (
+        lending_run(True, seed),
+        lending_run(False, seed),
+    )
+    assert fetches > 0 and no_fetches == 0
+    assert lent_surge_hit >= kept_surge_hit + 0.01
+    assert lent.goodput_sessions_per_h >= kept.goodput_sessions_per_h
 
 
 def test_continuum_keeps_reuse_and_basin_still_leads() -> None:
