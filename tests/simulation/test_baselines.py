@@ -21,12 +21,15 @@ def _goodput(policy: str, preset: str, load: float, seed: int) -> tuple[float, s
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", range(5))
 def test_concur_keeps_hicache_goodput_under_healthy_steady_load(seed: int) -> None:
-    """h200-1p3d at 0.85 of the critical rate: the OR rule with a raw first reading cut the window on
-    cold prompts and lost 46 % on seed 2 (410 vs 761 sessions/h); the AND rule leaves a healthy engine
-    alone."""
+    """Issue 15: under healthy steady load CONCUR is within 10 % of HiCache alone, on seeds 0-4. h200-1p3d at
+    0.85 of the critical rate: the OR rule with a raw first reading cut the window on cold prompts and lost
+    46 % on seed 2 (410 vs 761 sessions/h); the AND rule leaves a healthy engine alone. The `steady` suite's
+    cells (0.6 and 0.8 of the profiled λc) measured the same, seeds 0-4: CONCUR's goodput equal to HiCache
+    alone's in all ten (534 [517-555] and 706 [685-719] sessions/h), as its cut needs decode KV use above
+    U_high = 0.9 with the smoothed hit rate below 0.7."""
     hicache, label = _goodput("hicache", "h200-1p3d", 0.85, seed)
     assert label == "healthy"  # the premise: a load HiCache alone sustains
     concur, _ = _goodput("concur", "h200-1p3d", 0.85, seed)
-    assert concur >= 0.9 * hicache
+    assert abs(concur - hicache) <= 0.1 * hicache
