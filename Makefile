@@ -65,7 +65,7 @@ tools: venv
 # Both suites always run, so one failing does not hide the other's result; the exit status is theirs.
 # `make e2e` loads the images (`make images`: skipped when their inputs are unchanged) onto its node.
 test: lint system-deps node-deps tools sglang-venv kube images
-	status=0; $(BIN)/python -m pytest -m "not engine" || status=$$?; \
+	status=0; $(BIN)/python -m pytest -m "not engine" --durations=25 || status=$$?; \
 	$(MAKE) test-engine || status=1; \
 	$(MAKE) e2e || status=1; exit $$status
 

@@ -99,6 +99,15 @@ def deployment_options(default: str):  # type: ignore[no-untyped-def]
                 metavar="cache_aware|affinity|least_loaded",
                 help="Prefill routing across prefill instances.",
             ),
+            click.option(
+                "--transfer",
+                type=click.Choice(["fixed", "proportional"]),
+                default=None,
+                help=(
+                    "How the prefill-to-decode KV transfer is priced: the paper's fixed 10 ms (default)"
+                    " or proportional to the prompt."
+                ),
+            ),
         ]
     )
 
@@ -386,6 +395,7 @@ def simulate(
     host_tier: float | None,
     allocation: str | None,
     router: str | None,
+    transfer: str | None,
     policy: str,
     workload: str,
     seed: int,
@@ -414,7 +424,9 @@ def simulate(
     from basin.sim.policies import build_policy
     from basin.workload import load_workload
 
-    preset = get_deployment(deployment, host_tier=host_tier, allocation=allocation, router=router)
+    preset = get_deployment(
+        deployment, host_tier=host_tier, allocation=allocation, router=router, transfer=transfer
+    )
     if policy not in POLICIES:
         raise BasinError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     if arrivals == "trace":
@@ -459,6 +471,9 @@ def simulate(
     payload = {
         "deployment": preset.name,
         "host_tier": preset.host_tier,
+        "allocation": preset.allocation,
+        "router": preset.router,
+        "transfer": preset.transfer,
         "policy": policy,
         "workload": workload,
         "seed": seed,
@@ -502,6 +517,7 @@ def emulate(
     host_tier: float | None,
     allocation: str | None,
     router: str | None,
+    transfer: str | None,
     lending: bool,
     host: str,
     port: int,
@@ -519,7 +535,9 @@ def emulate(
         from basin_emulator.server import EmulatorSettings, serve
     except ImportError as error:
         raise BasinError(f"the emulator needs: pip install 'basin[emulator]' ({error})") from None
-    preset = get_deployment(deployment, host_tier=host_tier, allocation=allocation, router=router)
+    preset = get_deployment(
+        deployment, host_tier=host_tier, allocation=allocation, router=router, transfer=transfer
+    )
     if time_scale <= 0:
         raise BasinError(f"--time-scale must be positive, got {time_scale}")
     if context_length < 1:

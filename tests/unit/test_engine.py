@@ -4,7 +4,14 @@ from dataclasses import replace
 
 import pytest
 
-from basin.sim.costs import decode_step_seconds, prefill_seconds, transfer_seconds, unloaded_call_seconds
+from basin.errors import BasinError
+from basin.sim.costs import (
+    decode_step_seconds,
+    pd_transfer_seconds,
+    prefill_seconds,
+    transfer_seconds,
+    unloaded_call_seconds,
+)
 from basin.sim.deployments import H100, PAGE_TOKENS, Deployment
 from basin.sim.engine import PDEngine, Request
 from basin.sim.env import Environment
@@ -64,13 +71,35 @@ def test_single_request_matches_the_unloaded_cost_model() -> None:
     env.run(60)
     gpu = H100
     prefill = prefill_seconds(gpu, 4096, 0) + gpu.prefill_chunk_overhead_s
-    first_token = prefill + transfer_seconds(gpu, 4096) + decode_step_seconds(gpu, 1, 4096)
+    first_token = prefill + pd_transfer_seconds(gpu, 4096) + decode_step_seconds(gpu, 1, 4096)
     assert rec.times("prefill_done")[1] == pytest.approx(prefill)
     assert rec.times("first_token")[1] == pytest.approx(first_token)
     # The engine prices steps at the batch's context when the batch last changed, the reference at the
     # midpoint context: equal to 0.1 % for a short output.
     assert rec.times("done")[1] == pytest.approx(unloaded_call_seconds(gpu, 4096, 4096, 100), rel=1e-3)
     assert_idle(engine)
+
+
+@pytest.mark.parametrize("prompt", [4096, 65_536])
+def test_the_pd_transfer_is_the_papers_fixed_charge_unless_proportional(prompt: int) -> None:
+    """Issue 15: the paper charges a fixed 10 ms per PD transfer (§7.10); `--transfer proportional` prices
+    it by the prompt, as lent-unit fetches always are."""
+    from basin.sim import get_deployment
+
+    fixed, proportional = get_deployment("h100-1p1d"), get_deployment("h100-1p1d", transfer="proportional")
+    assert (fixed.transfer, proportional.transfer) == ("fixed", "proportional")
+    timings = {}
+    for deployment in (fixed, proportional):
+        env, engine, rec = make_engine(deployment)
+        engine.submit(request(1, prompt, 10))
+        env.run(60)
+        timings[deployment.transfer] = rec.times("first_token")[1] - rec.times("prefill_done")[1]
+        assert_idle(engine)
+    step = decode_step_seconds(H100, 1, prompt)
+    assert timings["fixed"] == pytest.approx(0.010 + step)
+    assert timings["proportional"] == pytest.approx(transfer_seconds(H100, prompt) + step)
+    with pytest.raises(BasinError, match="unknown transfer pricing 'instant'"):
+        get_deployment("h100-1p1d", transfer="instant")
 
 
 def test_returning_call_hits_its_previous_prompt() -> None:

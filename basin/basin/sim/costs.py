@@ -32,8 +32,14 @@ def decode_step_seconds(gpu: GpuCalibration, batch: int, context_tokens: float) 
 
 
 def transfer_seconds(gpu: GpuCalibration, tokens: int) -> float:
-    """KV transfer from prefill to decode."""
+    """A KV copy of `tokens` between instances (a lent unit's fetch, a borrowed prefix)."""
     return gpu.transfer_overhead_s + gpu.transfer_s_per_token * tokens
+
+
+def pd_transfer_seconds(gpu: GpuCalibration, tokens: int) -> float:
+    """A request's KV transfer from prefill to decode: fixed (the paper's charge) or proportional."""
+    fixed = gpu.pd_transfer_fixed_s
+    return transfer_seconds(gpu, tokens) if fixed is None else fixed
 
 
 def load_back_seconds(gpu: GpuCalibration, tokens: int) -> float:
@@ -47,7 +53,7 @@ def unloaded_call_seconds(gpu: GpuCalibration, uncached: int, prompt: int, outpu
     chunks = max(1, -(-uncached // gpu.prefill_chunk_tokens))
     prefill = prefill_seconds(gpu, uncached, prompt - uncached) + chunks * gpu.prefill_chunk_overhead_s
     decode = output * decode_step_seconds(gpu, 1, prompt + output / 2)
-    return prefill + transfer_seconds(gpu, prompt) + decode
+    return prefill + pd_transfer_seconds(gpu, prompt) + decode
 
 
 def unloaded_call_times(gpu: GpuCalibration, session: Session) -> np.ndarray:

@@ -39,11 +39,16 @@ class GpuCalibration:
     decode_step_base_s: float
     decode_step_per_request_s: float
     decode_step_per_context_token_s: float
-    # KV transfer prefill -> decode over NIXL and host-tier load-back over PCIe: a 25K-token unit moves
-    # in tens of milliseconds (§6.6).
+    # KV copies between instances over NIXL (lent-unit fetches, Crossflow's borrowed prefix; the PD
+    # transfer when proportional) and host-tier load-back over PCIe: a 25K-token unit moves in tens of
+    # milliseconds (§6.6).
     transfer_s_per_token: float
     transfer_overhead_s: float
     load_back_s_per_token: float
+    # The PD transfer of a request's KV to decode: the paper charges a fixed 10 ms (§7.10, where a
+    # prompt-proportional charge moves BASIN's goodput by at most 1.4 %). None: proportional, priced as
+    # the copies above (`--transfer proportional`).
+    pd_transfer_fixed_s: float | None = 0.010
 
 
 H100 = GpuCalibration(
@@ -103,6 +108,11 @@ class Deployment:
     itl_slo_s: float = 0.050  # §7.1
 
     @property
+    def transfer(self) -> str:
+        """How the PD transfer is priced: "fixed" (the paper's 10 ms) or "proportional" to the prompt."""
+        return "proportional" if self.gpu.pd_transfer_fixed_s is None else "fixed"
+
+    @property
     def prefill_cache_tokens(self) -> int:
         return self.gpu.prefill_cache_tokens * self.prefill_instances
 
@@ -132,6 +142,7 @@ class Deployment:
 
 ALLOCATIONS = ("early", "prefill_complete")
 ROUTERS = ("cache_aware", "affinity", "least_loaded")
+TRANSFERS = ("fixed", "proportional")  # how the PD transfer is priced (`GpuCalibration.pd_transfer_fixed_s`)
 
 PRESETS: dict[str, Deployment] = {
     # The paper's real deployments: H100 NVL 1P1D (§3) and one four-H200 node in 1P3D (§7.2); 1P2D,
@@ -164,4 +175,10 @@ def get_deployment(name: str, host_tier: float | None = None, **options: object)
     changes: dict[str, object] = {k: v for k, v in options.items() if v is not None}
     if host_tier is not None:
         changes["host_tier"] = host_tier
+    transfer = changes.pop("transfer", None)
+    if transfer is not None:
+        if transfer not in TRANSFERS:
+            raise BasinError(f"unknown transfer pricing {transfer!r}; choose {', '.join(TRANSFERS)}")
+        if transfer == "proportional":
+            changes["gpu"] = replace(base.gpu, pd_transfer_fixed_s=None)
     return base.with_options(**changes)

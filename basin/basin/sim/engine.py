@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from basin.sim.costs import (
     decode_step_seconds,
     load_back_seconds,
+    pd_transfer_seconds,
     prefill_seconds,
     transfer_seconds,
 )
@@ -761,7 +762,7 @@ class PDEngine:
         request.state = "transfer"
         self.counters.transfers += 1
         self.env.schedule(
-            transfer_seconds(self.deployment.gpu, request.prompt_tokens), self._transfer_done, request
+            pd_transfer_seconds(self.deployment.gpu, request.prompt_tokens), self._transfer_done, request
         )
 
     def _transfer_done(self, request: Request) -> None:
