@@ -206,7 +206,9 @@ def test_the_job_profiles_the_emulator_and_the_operator_takes_it(
     token = env["BASIN_ADMIN_TOKEN"]
     env = {**job_environment(cluster, namespace, second["job"]), "KUBECONFIG": str(kubeconfig)}
     assert env["BASIN_ADMIN_TOKEN"] == token  # created once, never replaced by a reconcile
-    result = run_entrypoint({**env, "BASIN_PROFILE_TARGET": down})
+    # A Job waits for its target (300 s by default, the gateway it ramps through may start after it); the
+    # failure is what is tested here, so ten seconds of waiting are enough.
+    result = run_entrypoint({**env, "BASIN_PROFILE_TARGET": down, "BASIN_PROFILE_WAIT_SECONDS": "10"})
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "profile failed: target" in result.stderr and "unreachable" in result.stderr
     data = configmap_data(cluster, namespace)
