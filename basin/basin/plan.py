@@ -24,7 +24,7 @@ from basin.fluid import Analysis, FluidModel, FluidParameters, analyze
 from basin.policy.basin import DeploymentProfile
 from basin.profile_schema import ProfileDocument
 from basin.sim.costs import prefill_seconds
-from basin.sim.deployments import GPUS, Deployment, GpuCalibration
+from basin.sim.deployments import GPUS, Deployment, GpuCalibration, shape_name
 from basin.workload.model import Session
 
 STEP_MIN = 1 / 12  # integration step of the population balance, minutes (5 s)
@@ -123,7 +123,7 @@ def deployment_for(gpu: str | GpuCalibration, prefill: int, decode: int, host_ti
         if gpu not in GPUS:
             raise BasinError(f"unknown GPU {gpu!r}; choose {', '.join(GPUS)}")
         gpu = GPUS[gpu]
-    deployment = Deployment(f"{gpu.name}-{prefill}p{decode}d", gpu, prefill, decode, host_tier=host_tier)
+    deployment = Deployment(shape_name(gpu.name, prefill, decode), gpu, prefill, decode, host_tier=host_tier)
     deployment.validate()
     return deployment
 

@@ -15,7 +15,7 @@ from pydantic.alias_generators import to_camel
 from basin import __version__
 from basin.errors import BasinError
 from basin.policy.basin import BasinConfig
-from basin.sim.deployments import PRESETS, get_deployment
+from basin.sim.deployments import PRESETS, get_deployment, shape_name
 from basin_operator.constants import BASIN_IMAGE, ENGINE_IMAGE
 
 _DEFAULTS = BasinConfig()  # the paper's controller defaults (§6.6): one source of truth
@@ -478,7 +478,7 @@ class BasinDeploymentSpec(ApiModel):
         """The preset the emulator runs: `emulator.preset`, else the one named by GPU kind and replicas."""
         if self.emulator.preset:
             return self.emulator.preset
-        return f"{self.gpu_kind}-{self.prefill.replicas}p{self.decode.replicas}d"
+        return shape_name(self.gpu_kind, self.prefill.replicas, self.decode.replicas)
 
     def check(self) -> list[str]:
         """Cross-field problems, each naming its field (the apiserver checks everything else)."""

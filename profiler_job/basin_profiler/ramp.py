@@ -476,6 +476,7 @@ def deployment_from(
     """The shape measured: explicit values first, then what the server says of itself
     (`/get_server_info`, as the emulator answers it), then the preset (default h200-1p3d)."""
     from basin.sim import get_deployment
+    from basin.sim.deployments import shape_name
 
     def number(key: str) -> float | None:
         value = info.get(key)
@@ -496,7 +497,9 @@ def deployment_from(
         host, cache = number("host_cache_tokens"), number("prefill_cache_tokens")
         host_ratio = host / cache if host is not None and cache else base.host_tier
     # Named by its shape (a preset's name where the shape is one), so the profile says what was measured.
-    name = f"{base.gpu.name}-{prefill}p{decode}d"
     return base.with_options(
-        name=name, prefill_instances=prefill, decode_instances=decode, host_tier=host_ratio
+        name=shape_name(base.gpu.name, prefill, decode),
+        prefill_instances=prefill,
+        decode_instances=decode,
+        host_tier=host_ratio,
     )

@@ -158,6 +158,11 @@ PRESETS: dict[str, Deployment] = {
 SHAPE = re.compile(r"(?P<gpu>h100|h200)-(?P<prefill>[1-9][0-9]?)p(?P<decode>[1-9][0-9]?)d")
 
 
+def shape_name(gpu: str, prefill: int, decode: int) -> str:
+    """The `<gpu>-<P>p<D>d` name of a shape (what `SHAPE` reads back); a preset's name where it is one."""
+    return f"{gpu}-{prefill}p{decode}d"
+
+
 def get_deployment(name: str, host_tier: float | None = None, **options: object) -> Deployment:
     """A preset by name, or any other `<gpu>-<P>p<D>d` shape of a calibrated GPU (the calibration is per
     instance; the shape only counts instances: `basin plan` builds every split the same way), with

@@ -48,8 +48,9 @@ class ReferenceService:
         (31K tokens/s, §3) and its batch-one decode step (one copy of the calibration, not a second)."""
         from basin.sim.costs import decode_step_seconds, prefill_seconds
         from basin.sim.deployments import H100
+        from basin.workload.stats import PUBLISHED
 
-        median_context = 25_600
+        median_context = PUBLISHED["terminal-bench"]["median_prompt_tokens"]
         return cls(
             prefill_tokens_per_s=1 / prefill_seconds(H100, 1, median_context),
             decode_s_per_token=decode_step_seconds(H100, 1, median_context),
