@@ -138,6 +138,7 @@ def test_the_deployment_comes_from_options_then_the_server_then_the_preset() -> 
         "h200-1p3d", 1, 3, 2.0
     )  # fmt: skip
     # The shape measured names the profile (it used to keep the 1P1D base's name).
+    assert deployment_from(info, decode=2, host_ratio=0.0).decode_instances == 2
     assert deployment_from(info, decode=2, host_ratio=0.0).name == "h200-1p2d"
     assert deployment_from({"gpu": "h100", "prefill_instances": 2, "decode_instances": 6}).name == "h100-2p6d"
     assert deployment_from({}).name == "h200-1p3d"
