@@ -318,13 +318,31 @@ def _format_number(value: float) -> str:
     show_default=True,
     help="Session file to write (JSONL); - for stdout.",
 )
+@click.option(
+    "--shared-prefix",
+    "shared_prefix",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="TOKENS",
+    help="Open every session's first prompt with the same TOKENS tokens (the agent's system prompt and tool"
+    " schema), shared across sessions in the prefix cache; a shorter first prompt is all shared.",
+)
 def workload_export(
-    workload: str, seed: int, sessions: int | None, tool_time_scale: float, output_scale: float, out: str
+    workload: str,
+    seed: int,
+    sessions: int | None,
+    tool_time_scale: float,
+    output_scale: float,
+    out: str,
+    shared_prefix: int | None,
 ) -> None:
     """Write a workload as a session file (one JSON session per line, see docs/session-file.md)."""
     from basin.workload import load_workload, write_sessions
+    from basin.workload.transforms import share_prefix
 
     loaded = load_workload(workload, seed, tool_time_scale, output_scale, sessions)
+    if shared_prefix is not None:
+        loaded = [share_prefix(session, shared_prefix) for session in loaded]
     if out == "-":
         write_sessions(loaded, sys.stdout)
         return

@@ -84,6 +84,12 @@ def filler(rng: np.random.Generator, count: int) -> list[int]:
     return rng.integers(FIRST_ID, VOCAB_SIZE, size=max(count, 0)).tolist()
 
 
+def shared_prefix(workload: str, count: int) -> list[int]:
+    """The first `count` ids of `workload`'s shared prefix (its system prompt and tool schema): the same
+    ids in every session and process, so the engine's prefix cache shares them across sessions."""
+    return filler(np.random.default_rng(zlib.crc32(f"shared-prefix:{workload}".encode())), count)
+
+
 def output_ids(seed: int, count: int) -> list[int]:
     """The emulator's deterministic output: `count` ids derived from `seed` (e.g. the prompt's hash)."""
     return filler(np.random.default_rng(seed & 0xFFFFFFFFFFFFFFFF), count)

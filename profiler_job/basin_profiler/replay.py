@@ -294,14 +294,17 @@ class Replay:
         self.active[sid] = 0
         try:
             if first > 0:
-                history = await self._prime(sid, rng, session.calls[first - 1].prompt_tokens)
+                history = await self._prime(sid, rng, session, session.calls[first - 1].prompt_tokens)
                 self.active[sid] = len(history)
                 await self._sleep_until(arrival.time_s)
             for index, call in enumerate(session.calls):
                 if index < first:
                     continue
-                carried = min(call.carried_tokens, len(history)) if history else 0
-                prompt = history[:carried] + tokens.filler(rng, call.prompt_tokens - carried)
+                if history:
+                    carried = min(call.carried_tokens, len(history))
+                    prompt = history[:carried] + tokens.filler(rng, call.prompt_tokens - carried)
+                else:
+                    prompt = _opening(session, rng, call.prompt_tokens)
                 self.active[sid] = len(prompt)
                 final = index == len(session.calls) - 1
                 answer, call_record = await self._call(record, index, prompt, call.output_tokens, final)
@@ -346,11 +349,13 @@ class Replay:
         self.records.calls.append(call)
         return answer, call
 
-    async def _prime(self, sid: str, rng: np.random.Generator, prompt_tokens: int) -> list[int]:
+    async def _prime(
+        self, sid: str, rng: np.random.Generator, session: Session, prompt_tokens: int
+    ) -> list[int]:
         """A warm session's previous prompt, sent for one token so the server caches it (not recorded as
         a call); returns the history its next call resends. Through a gateway it is the session's first
         call, parked or shed like any other."""
-        prompt = tokens.filler(rng, prompt_tokens)
+        prompt = _opening(session, rng, prompt_tokens)
         answer, _ = await self._send(sid, prompt, 1)
         if self.config.api == "openai":
             prompt = self._chat_ids(prompt)
@@ -469,6 +474,13 @@ class Replay:
         answer.output = list(ids) if ids is not None else tokens.encode(chunk.get("text", ""))
         answer.cached_tokens = int(meta.get("cached_tokens", answer.cached_tokens))
         return bool(answer.output)
+
+
+def _opening(session: Session, rng: np.random.Generator, prompt_tokens: int) -> list[int]:
+    """A session's opening prompt: the workload's shared prefix (the same ids in every session), then
+    new content of its own."""
+    shared = tokens.shared_prefix(session.workload, min(session.shared_prefix_tokens, prompt_tokens))
+    return shared + tokens.filler(rng, prompt_tokens - len(shared))
 
 
 def _retry_after(value: str | None) -> float:

@@ -309,3 +309,34 @@ def test_the_emulator_reports_its_own_loop_lag(emulator_factory) -> None:  # typ
     time.sleep(0.5)  # a few probes
     info = requests.get(f"{emulator.url}/get_server_info", timeout=5).json()
     assert 0 <= info["loop_lag_mean_s"] <= info["loop_lag_p90_s"] < 1
+
+
+def test_a_shared_prefix_is_reused_across_sessions_live_as_in_the_simulator(  # type: ignore[no-untyped-def]
+    emulator_factory, tmp_path: Path
+) -> None:
+    """Single-call sessions whose prompts open with the workload's 2,048-token shared prefix: each one's
+    only reuse is that prefix, which the replay sends as the same ids and the emulator caches by content,
+    as the simulator gives it the same pages."""
+    call = {"prompt_tokens": 3000, "new_tokens": 3000, "output_tokens": 4}
+    sessions = tmp_path / "shared.jsonl"
+    sessions.write_text(
+        "".join(
+            json.dumps({"session_id": f"s-{i}", "workload": "agent", "shared_prefix_tokens": 2048,
+                        "calls": [call]}) + "\n"
+            for i in range(20)
+        )
+    )  # fmt: skip
+    emulator = emulator_factory("--deployment", "h100-1p1d", "--time-scale", "20")
+    scenario = ["--workload", str(sessions), "--base-rate", "20", "--duration-min", "3", "--seed", "1",
+                "--warm-sessions", "0", "--quiet", "--json"]  # fmt: skip
+    out = tmp_path / "replay.json"
+    replay = run_basin("replay", "--target", emulator.url, "--time-scale", "20", "--api", "sglang",
+                       *scenario, str(out))  # fmt: skip
+    assert replay.returncode == 0, replay.stderr
+    live = json.loads(out.read_text())
+    simulated = run_basin("simulate", "--deployment", "h100-1p1d", *scenario, "-")
+    assert simulated.returncode == 0, simulated.stderr
+    model = json.loads(simulated.stdout)
+    assert live["measured_sessions"] == model["measured_sessions"] > 15
+    assert model["hit_rate_pre"] > 0.6  # 2048 of 3000 tokens, all but the first call
+    assert abs(live["hit_rate_pre"] - model["hit_rate_pre"]) <= 0.02

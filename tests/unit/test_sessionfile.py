@@ -8,6 +8,7 @@ from basin.errors import InputFileError
 from basin.workload import load_workload
 from basin.workload.sessionfile import read_sessions, session_to_dict, write_sessions
 from basin.workload.synthetic import generate
+from basin.workload.transforms import share_prefix
 
 
 def _write(tmp_path: Path, lines: list[str]) -> Path:
@@ -30,7 +31,7 @@ def _good_line(session_id: str = "s-1") -> str:
 
 
 def test_round_trip_preserves_every_field(tmp_path: Path) -> None:
-    sessions = generate("terminal-bench", seed=2, sessions=30)
+    sessions = [share_prefix(s, 4_000) for s in generate("terminal-bench", seed=2, sessions=30)]
     buffer = io.StringIO()
     assert write_sessions(sessions, buffer) == 30
     path = _write(tmp_path, buffer.getvalue().splitlines())
@@ -87,6 +88,16 @@ def test_optional_fields_default(tmp_path: Path) -> None:
             "version 9 is not supported",
         ),
         ('{"session_id": "x", "extra": 1, "calls": []}', "unknown keys"),
+        (
+            '{"session_id": "x", "shared_prefix_tokens": 11, "calls": [{"prompt_tokens": 10,'
+            ' "new_tokens": 10, "output_tokens": 1}]}',
+            "shared_prefix_tokens must be between 0 and the first prompt",
+        ),
+        (
+            '{"session_id": "x", "shared_prefix_tokens": 2.5, "calls": [{"prompt_tokens": 10,'
+            ' "new_tokens": 10, "output_tokens": 1}]}',
+            "shared_prefix_tokens must be an integer",
+        ),
         (
             '{"session_id": "x", "peak_context_tokens": 5, "calls": [{"prompt_tokens": 10, "new_tokens": 10,'
             ' "output_tokens": 1}]}',

@@ -2,7 +2,7 @@ import pytest
 
 from basin.workload import compute_stats, load_workload
 from basin.workload.synthetic import generate
-from basin.workload.transforms import scale_outputs, scale_tool_time
+from basin.workload.transforms import scale_outputs, scale_tool_time, share_prefix
 
 
 def test_output_scale_grows_later_prompts_and_keeps_new_suffixes() -> None:
@@ -26,3 +26,15 @@ def test_tool_time_scale_multiplies_gaps_only() -> None:
     assert scale_tool_time(sessions[0], 1.0) is sessions[0]
     with pytest.raises(ValueError):
         scale_tool_time(sessions[0], -1)
+
+
+def test_a_shared_prefix_opens_the_first_prompt_and_is_capped_by_it() -> None:
+    sessions = generate("terminal-bench", seed=0, sessions=50)
+    shared = [share_prefix(s, 8_000) for s in sessions]
+    for before, after in zip(sessions, shared, strict=True):
+        after.validate()
+        assert after.calls == before.calls  # the calls are the same; only what opens them is shared
+        assert after.shared_prefix_tokens == min(8_000, before.first_prompt_tokens)
+    assert any(s.first_prompt_tokens < 8_000 for s in sessions)  # the cap was exercised
+    with pytest.raises(ValueError, match="must not be negative"):
+        share_prefix(sessions[0], -1)

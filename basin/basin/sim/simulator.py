@@ -129,6 +129,7 @@ class Simulation:
         self.working_set = 0
         self._next_page = 1  # page keys are numbered in the order pages are first seen
         self._content_pages: dict[tuple[int, int], int] = {}  # (trace block id, page in block) -> key
+        self._shared_pages: dict[str, list[int]] = {}  # workload -> page keys of its shared prefix
         self._rids = itertools.count(1)
         self._hit_cached = 0
         self._hit_prompt = 0
@@ -199,7 +200,10 @@ class Simulation:
         self.policy.on_session_arrival(0.0, self._info(state))  # warm sessions are admitted initially
         if arrival.first_call > 0:
             previous = state.session.calls[arrival.first_call - 1]
-            state.pages = self._block_pages(previous)
+            if previous.blocks:
+                state.pages = self._block_pages(previous)
+            else:  # a prompt that grew from the session's first one opens with the same shared prefix
+                state.pages = self._opening_pages(state.session)
             state.pages.extend(self._new_pages(previous.prompt_tokens // PAGE_TOKENS - len(state.pages)))
             keys = tuple(state.pages)
             prefill = self.engine.route_prefill(Request(0, state, state.sid, previous.prompt_tokens, 0, keys))
@@ -263,14 +267,24 @@ class Simulation:
             state.pages = pages
             return tuple(pages)
         if index == state.arrival.first_call and not state.pages:
-            kept = 0
+            pages = self._opening_pages(state.session)
         else:
             previous = state.session.calls[index - 1]
             kept = min(call.carried_tokens, previous.prompt_tokens) // PAGE_TOKENS
-        pages = state.pages[: min(kept, len(state.pages))]
+            pages = state.pages[: min(kept, len(state.pages))]
         pages.extend(self._new_pages(full_pages - len(pages)))
         state.pages = pages
         return tuple(pages)
+
+    def _opening_pages(self, session: Session) -> list[int]:
+        """Page keys of the workload's shared prefix that opens `session`'s first prompt: the same keys for
+        every session of the workload, so its first call finds them cached once any session has sent them."""
+        pages = session.shared_prefix_tokens // PAGE_TOKENS
+        if not pages:
+            return []
+        keys = self._shared_pages.setdefault(session.workload, [])
+        keys.extend(self._new_pages(pages - len(keys)))
+        return keys[:pages]
 
     def _new_pages(self, count: int) -> range:
         """`count` fresh page keys (none when `count` <= 0), as one range rather than one call each."""

@@ -15,9 +15,10 @@ class Call:
     """One model call of a session.
 
     `new_tokens` is the suffix of the prompt that is not a prefix carried over from the previous call's
-    prompt and output, so it can never be cached by construction; for the first call of a session it is
-    the whole prompt. `tool_gap_s` is the time from this call's response to the release of the next call
-    (0 for the last call).
+    prompt and output; for the first call of a session it is the whole prompt. New tokens are never
+    cached by their own session, but a first prompt can begin with the workload's shared prefix
+    (`Session.shared_prefix_tokens`), which other sessions have sent before. `tool_gap_s` is the time
+    from this call's response to the release of the next call (0 for the last call).
     """
 
     prompt_tokens: int
@@ -50,6 +51,10 @@ class Session:
     # Offset of the session's arrival in its source trace, when it came from one (Mooncake); synthetic
     # sessions have none and get their arrival from an arrival process.
     trace_arrival_s: float | None = None
+    # Leading tokens of the first prompt that every session of `workload` sends alike (the agent's system
+    # prompt and tool schema): equal content across sessions, so one session's copy in the cache serves
+    # every other session's first call.
+    shared_prefix_tokens: int = 0
 
     @property
     def peak_context_tokens(self) -> int:
@@ -66,6 +71,11 @@ class Session:
             raise ValueError("session_id is empty")
         if not self.calls:
             raise ValueError(f"session {self.session_id!r} has no calls")
+        if not 0 <= self.shared_prefix_tokens <= self.calls[0].prompt_tokens:
+            raise ValueError(
+                f"session {self.session_id!r}: shared_prefix_tokens must be between 0 and the first prompt"
+                f" ({self.calls[0].prompt_tokens}), got {self.shared_prefix_tokens}"
+            )
         previous: Call | None = None
         for index, call in enumerate(self.calls):
             where = f"session {self.session_id!r} call {index}"

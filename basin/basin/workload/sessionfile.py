@@ -12,7 +12,16 @@ from basin.errors import InputFileError
 from basin.workload.model import Call, Session
 
 FORMAT_VERSION = 1
-_SESSION_KEYS = {"v", "session_id", "workload", "task", "trace_arrival_s", "peak_context_tokens", "calls"}
+_SESSION_KEYS = {
+    "v",
+    "session_id",
+    "workload",
+    "task",
+    "trace_arrival_s",
+    "peak_context_tokens",
+    "calls",
+    "shared_prefix_tokens",
+}
 _CALL_KEYS = {"prompt_tokens", "new_tokens", "output_tokens", "tool_gap_s", "blocks"}
 
 
@@ -36,6 +45,8 @@ def session_to_dict(session: Session) -> dict[str, Any]:
     }
     if session.trace_arrival_s is not None:
         record["trace_arrival_s"] = session.trace_arrival_s
+    if session.shared_prefix_tokens:
+        record["shared_prefix_tokens"] = session.shared_prefix_tokens
     return record
 
 
@@ -110,6 +121,7 @@ def session_from_dict(record: Any) -> Session:
         calls=tuple(calls),
         workload=str(record.get("workload", "")),
         trace_arrival_s=None if arrival is None else _number(arrival, "trace_arrival_s"),
+        shared_prefix_tokens=_integer(record.get("shared_prefix_tokens", 0), "shared_prefix_tokens"),
     )
     session.validate()
     if "peak_context_tokens" in record and record["peak_context_tokens"] != session.peak_context_tokens:

@@ -33,8 +33,17 @@ def scale_outputs(session: Session, factor: float) -> Session:
         output = max(1, round(call.output_tokens * factor)) if call.output_tokens else 0
         prompt = call.prompt_tokens + extra
         new = prompt if not calls else call.new_tokens
+        # A trace's block ids go: the prompts they named no longer exist once the outputs change.
         calls.append(
             Call(prompt_tokens=prompt, new_tokens=new, output_tokens=output, tool_gap_s=call.tool_gap_s)
         )
         extra += output - call.output_tokens
     return replace(session, calls=tuple(calls))
+
+
+def share_prefix(session: Session, tokens: int) -> Session:
+    """Open the session's first prompt with the workload's shared prefix of `tokens` tokens (a system
+    prompt and tool schema every session sends alike); a shorter first prompt is all shared prefix."""
+    if tokens < 0:
+        raise ValueError(f"shared prefix must not be negative, got {tokens}")
+    return replace(session, shared_prefix_tokens=min(tokens, session.first_prompt_tokens))
