@@ -342,6 +342,9 @@ def workload_export(
 
     loaded = load_workload(workload, seed, tool_time_scale, output_scale, sessions)
     if shared_prefix is not None:
+        if any(call.blocks for session in loaded for call in session.calls):
+            # The simulator keys such prompts by their blocks: they already say what sessions share.
+            raise BasinError(f"--shared-prefix: {workload} names its prompts' blocks (what is shared)")
         loaded = [share_prefix(session, shared_prefix) for session in loaded]
     if out == "-":
         write_sessions(loaded, sys.stdout)

@@ -331,3 +331,18 @@ def test_simulate_accepts_basin_and_prediction_modes() -> None:
 def test_evaluate_rejects_unknown_suites() -> None:
     result = basin("evaluate", "everything")
     assert result.returncode == 2 and "ablation" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_export_writes_a_shared_prefix_and_refuses_one_over_trace_blocks(tmp_path: Path) -> None:
+    out = tmp_path / "tb.jsonl"
+    args = ("workload", "export", "--workload", "terminal-bench", "--sessions", "5", "--out", str(out))
+    result = basin(*args, "--shared-prefix", "4000")
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["shared_prefix_tokens"] for r in records] == [
+        min(4000, r["calls"][0]["prompt_tokens"]) for r in records
+    ]
+    trace = str(Path(__file__).parents[1] / "data" / "mooncake_conversation_slice.jsonl")
+    refused = basin("workload", "export", "--workload", trace, "--shared-prefix", "100", "--out", str(out))
+    assert refused.returncode == 2 and "blocks" in refused.stderr and "Traceback" not in refused.stderr
+    assert basin(*args, "--shared-prefix", "-1").returncode == 2
