@@ -109,6 +109,9 @@ class Gateway:
         self.coordinator = coordinator
         self.metrics = metrics
         self.http: aiohttp.ClientSession | None = None
+        # Unpooled: every request on a new connection, closed after it. Retries go here, so a retry cannot
+        # draw another pooled connection to the same stopped server.
+        self.fresh_http: aiohttp.ClientSession | None = None
         self.tasks: set[asyncio.Task[Any]] = set()
         self.upstreams = Upstreams.of(settings)
         self.timeout = aiohttp.ClientTimeout(
@@ -365,15 +368,16 @@ async def _post_upstream(
 ) -> aiohttp.ClientResponse:
     """POST upstream; a pooled keep-alive connection the upstream closed as the call went out (a Pod
     shutting down closes its idle connections) is retried once on a new connection: no answer was read, and
-    the server that reset it had stopped serving. Not with a prefill half, which is paired with this call."""
-    assert gateway.http is not None
+    the server that reset it had stopped serving. The retry opens its own connection: the pool may hold
+    more connections to the same stopped server. Not with a prefill half, which is paired with this call."""
+    assert gateway.http is not None and gateway.fresh_http is not None
     try:
         return await gateway.http.post(url, data=data, headers=headers, timeout=gateway.timeout)
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
         if not may_retry or isinstance(exc, aiohttp.ClientConnectorError):
             raise
         gateway.metrics.upstream_retries.inc()
-        return await gateway.http.post(url, data=data, headers=headers, timeout=gateway.timeout)
+        return await gateway.fresh_http.post(url, data=data, headers=headers, timeout=gateway.timeout)
 
 
 async def _forward(
@@ -654,6 +658,8 @@ def create_app(gateway: Gateway) -> web.Application:
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=60)
         gateway.http = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        fresh = aiohttp.TCPConnector(limit=0, ttl_dns_cache=60, force_close=True)
+        gateway.fresh_http = aiohttp.ClientSession(connector=fresh, auto_decompress=False)
         await gateway.coordinator.start(gateway.http)
         if gateway.upstreams.direct and not settings.decode:  # the engine pods, by the operator's selectors
             pods = EnginePods(
@@ -676,6 +682,7 @@ def create_app(gateway: Gateway) -> web.Application:
             task.cancel()
         await asyncio.gather(*gateway.tasks, return_exceptions=True)
         await gateway.http.close()
+        await gateway.fresh_http.close()
 
     app.cleanup_ctx.append(lifecycle)
     return app

@@ -3,6 +3,7 @@ the bad-input matrix, and that every way a call ends releases its session."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 from collections.abc import Iterator
@@ -313,6 +314,50 @@ def test_a_connection_the_upstream_resets_as_the_call_goes_out_is_retried_once()
         failed = post(gateway.url, "/v1/completions", {"prompt": "x"}, **{"X-Session-ID": "r2"})
         assert_error(failed, 502, "upstream-unavailable")
         assert calls["/v1/completions"] == 2  # once more, not again and again
+    finally:
+        gateway.stop()
+    assert "Traceback" not in gateway.text()
+
+
+def test_the_retry_opens_its_own_connection_when_every_pooled_one_is_stale() -> None:
+    """An upstream Pod replaced under load (the router during a scale) leaves the gateway's pool holding
+    several connections to the stopped server; the retry must not draw another of them. Here the stub
+    serves three calls at once (three pooled connections), then "restarts": a call arriving on any
+    connection it had before is cut with no answer, as the stopped server's are."""
+    import concurrent.futures
+    import threading
+
+    seen: set[int] = set()
+    restarted = threading.Event()
+    all_in = threading.Barrier(3)
+
+    async def serve(request: web.Request) -> web.StreamResponse:
+        assert request.transport is not None
+        connection = id(request.transport)
+        if restarted.is_set() and connection in seen:
+            request.transport.abort()
+            return web.Response()
+        seen.add(connection)
+        if not restarted.is_set() and request.path == "/generate":
+            await asyncio.get_running_loop().run_in_executor(None, all_in.wait, 10)
+        return web.json_response({"text": "ok", "meta_info": {"prompt_tokens": 1, "completion_tokens": 1}})
+
+    stub = Stub(serve).serve()
+    gateway = start_gateway(stub.url, "--policy", "passthrough")
+    try:
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            warm = list(
+                pool.map(
+                    lambda i: post(gateway.url, "/generate", {"text": "x"}, **{"X-Session-ID": f"w{i}"}),
+                    range(3),
+                )
+            )
+        assert [r.status_code for r in warm] == [200, 200, 200]
+        assert len(seen) >= 3  # three keep-alive connections (at least) now sit in the gateway's pool
+        restarted.set()
+        answer = post(gateway.url, "/generate", {"text": "x"}, **{"X-Session-ID": "after"})
+        assert answer.status_code == 200 and answer.json()["text"] == "ok", answer.text
+        assert metric(gateway.url, "basin_gateway_upstream_retries_total") == 1
     finally:
         gateway.stop()
     assert "Traceback" not in gateway.text()
