@@ -200,10 +200,7 @@ class Simulation:
         self.policy.on_session_arrival(0.0, self._info(state))  # warm sessions are admitted initially
         if arrival.first_call > 0:
             previous = state.session.calls[arrival.first_call - 1]
-            if previous.blocks:
-                state.pages = self._block_pages(previous)
-            else:  # a prompt that grew from the session's first one opens with the same shared prefix
-                state.pages = self._opening_pages(state.session)
+            state.pages = self._known_pages(state.session, previous)
             state.pages.extend(self._new_pages(previous.prompt_tokens // PAGE_TOKENS - len(state.pages)))
             keys = tuple(state.pages)
             prefill = self.engine.route_prefill(Request(0, state, state.sid, previous.prompt_tokens, 0, keys))
@@ -261,13 +258,8 @@ class Simulation:
         with block ids take their keys from the blocks instead."""
         call = state.session.calls[index]
         full_pages = call.prompt_tokens // PAGE_TOKENS
-        if call.blocks:
-            pages = self._block_pages(call)
-            pages.extend(self._new_pages(full_pages - len(pages)))
-            state.pages = pages
-            return tuple(pages)
-        if index == state.arrival.first_call and not state.pages:
-            pages = self._opening_pages(state.session)
+        if call.blocks or (index == state.arrival.first_call and not state.pages):
+            pages = self._known_pages(state.session, call)
         else:
             previous = state.session.calls[index - 1]
             kept = min(call.carried_tokens, previous.prompt_tokens) // PAGE_TOKENS
@@ -275,6 +267,12 @@ class Simulation:
         pages.extend(self._new_pages(full_pages - len(pages)))
         state.pages = pages
         return tuple(pages)
+
+    def _known_pages(self, session: Session, call: Call) -> list[int]:
+        """The leading page keys a prompt has by content, not by carrying them from its predecessor: its
+        blocks' pages when its trace names them, else the workload's shared prefix (which opens every prompt
+        of the session, since each grows from the first)."""
+        return self._block_pages(call) if call.blocks else self._opening_pages(session)
 
     def _opening_pages(self, session: Session) -> list[int]:
         """Page keys of the workload's shared prefix that opens `session`'s first prompt: the same keys for
