@@ -12,6 +12,7 @@ import json
 import math
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -84,12 +85,34 @@ def test_the_gateway_s_calls_reach_both_engines_with_every_field(
 
 
 def test_the_gateway_reads_both_engines_telemetry(live_pair: Any, live_gateway: Any) -> None:
-    """Telemetry scraped from prefill and decode directly: fresh, with a measured hit rate."""
+    """Telemetry scraped from prefill and decode directly: fresh, with a measured hit rate.
+
+    A reading's hit rate is cached over prompt tokens since the previous reading (30 s apart by
+    default), so it is finite only when calls ran in between: small calls keep flowing while we wait."""
     url = live_gateway.url
     # SGLang's /health runs a short generation: on a busy CPU it may miss the gateway's 2 s bound once
     poll(lambda: requests.get(f"{url}/ready", timeout=10).status_code == 200, "ready", 60)
     poll(lambda: metric(url, "basin_gateway_telemetry_stale") == 0, "fresh telemetry", 120)
-    poll(lambda: math.isfinite(metric(url, "basin_gateway_telemetry_hit_rate")), "a hit rate", 120)
+    stop, answers = threading.Event(), []
+
+    def traffic() -> None:
+        prompt = token_ids(48, 7)  # the same prompt each time: the later calls hit the cache
+        while not stop.is_set():
+            body = {**generate(prompt, 2, rid=f"telemetry-{len(answers)}"), "model": str(live_pair.model)}
+            answer = requests.post(
+                f"{url}/generate", json=body, headers={"X-Session-ID": "telemetry"}, timeout=300
+            )
+            answers.append(answer.status_code)
+            stop.wait(1.0)
+
+    sender = threading.Thread(target=traffic, daemon=True)
+    sender.start()
+    try:
+        poll(lambda: math.isfinite(metric(url, "basin_gateway_telemetry_hit_rate")), "a hit rate", 120)
+    finally:
+        stop.set()
+        sender.join(timeout=300)
+    assert set(answers) <= {200}, answers
     assert metric(url, "basin_gateway_telemetry_failures_total") == 0
 
 
