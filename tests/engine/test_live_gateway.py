@@ -87,13 +87,14 @@ def test_the_gateway_s_calls_reach_both_engines_with_every_field(
 def test_the_gateway_reads_both_engines_telemetry(live_pair: Any, live_gateway: Any) -> None:
     """Telemetry scraped from prefill and decode directly: fresh, with a measured hit rate.
 
-    A reading's hit rate is cached over prompt tokens since the previous reading (30 s apart by
+    A reading's hit rate is cached tokens over prompt tokens since the previous reading (30 s apart by
     default), so it is finite only when calls ran in between: small calls keep flowing while we wait."""
     url = live_gateway.url
     # SGLang's /health runs a short generation: on a busy CPU it may miss the gateway's 2 s bound once
     poll(lambda: requests.get(f"{url}/ready", timeout=10).status_code == 200, "ready", 60)
     poll(lambda: metric(url, "basin_gateway_telemetry_stale") == 0, "fresh telemetry", 120)
-    stop, answers = threading.Event(), []
+    stop = threading.Event()
+    answers: list[int] = []
 
     def traffic() -> None:
         prompt = token_ids(48, 7)  # the same prompt each time: the later calls hit the cache
