@@ -108,6 +108,18 @@ def deployment_options(default: str):  # type: ignore[no-untyped-def]
                     " or proportional to the prompt."
                 ),
             ),
+            click.option(
+                "--state-slots",
+                "state_slots",
+                type=click.IntRange(min=1),
+                default=None,
+                metavar="N",
+                help=(
+                    "Recurrent-state snapshots each prefill instance keeps (a hybrid model's linear-attention"
+                    " state): a cached prefix is reusable only up to a kept snapshot, the least recently used"
+                    " going first. Default: no limit."
+                ),
+            ),
         ]
     )
 
@@ -342,9 +354,7 @@ def workload_export(
 
     loaded = load_workload(workload, seed, tool_time_scale, output_scale, sessions)
     if shared_prefix is not None:
-        if any(call.blocks for session in loaded for call in session.calls):
-            # The simulator keys such prompts by their blocks: they already say what sessions share.
-            raise BasinError(f"--shared-prefix: {workload} names its prompts' blocks (what is shared)")
+        _check_shareable(loaded, workload)
         loaded = [share_prefix(session, shared_prefix) for session in loaded]
     if out == "-":
         write_sessions(loaded, sys.stdout)
@@ -355,6 +365,24 @@ def workload_export(
         count = write_sessions(loaded, handle)
     tmp.replace(path)  # never leave a half-written session file behind
     click.echo(f"wrote {count} sessions to {path}", err=True)
+
+
+def _check_shareable(sessions: list, workload: str) -> None:  # type: ignore[type-arg]
+    """`--shared-prefix` needs prompts keyed by the simulator, not by a trace's blocks."""
+    if any(call.blocks for session in sessions for call in session.calls):
+        # The simulator keys such prompts by their blocks: they already say what sessions share.
+        raise BasinError(f"--shared-prefix: {workload} names its prompts' blocks (what is shared)")
+
+
+def _float_list(text: str, option: str) -> tuple[float, ...]:
+    """`2.5,3.3` → (2.5, 3.3); anything else is a user error naming the option."""
+    try:
+        values = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise BasinError(f"{option} takes a comma list of numbers, got {text!r}") from None
+    if not values:
+        raise BasinError(f"{option} takes a comma list of numbers, got {text!r}")
+    return tuple(dict.fromkeys(values))
 
 
 @cli.command("simulate")
@@ -417,6 +445,7 @@ def simulate(
     allocation: str | None,
     router: str | None,
     transfer: str | None,
+    state_slots: int | None,
     policy: str,
     workload: str,
     seed: int,
@@ -446,7 +475,12 @@ def simulate(
     from basin.workload import load_workload
 
     preset = get_deployment(
-        deployment, host_tier=host_tier, allocation=allocation, router=router, transfer=transfer
+        deployment,
+        host_tier=host_tier,
+        allocation=allocation,
+        router=router,
+        transfer=transfer,
+        state_slots=state_slots,
     )
     if policy not in POLICIES:
         raise BasinError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
@@ -495,6 +529,7 @@ def simulate(
         "allocation": preset.allocation,
         "router": preset.router,
         "transfer": preset.transfer,
+        "state_slots": preset.gpu.recurrent_state_slots,
         "policy": policy,
         "workload": workload,
         "seed": seed,
@@ -539,6 +574,7 @@ def emulate(
     allocation: str | None,
     router: str | None,
     transfer: str | None,
+    state_slots: int | None,
     lending: bool,
     host: str,
     port: int,
@@ -557,7 +593,12 @@ def emulate(
     except ImportError as error:
         raise BasinError(f"the emulator needs: pip install 'basin[emulator]' ({error})") from None
     preset = get_deployment(
-        deployment, host_tier=host_tier, allocation=allocation, router=router, transfer=transfer
+        deployment,
+        host_tier=host_tier,
+        allocation=allocation,
+        router=router,
+        transfer=transfer,
+        state_slots=state_slots,
     )
     if time_scale <= 0:
         raise BasinError(f"--time-scale must be positive, got {time_scale}")
@@ -1297,6 +1338,165 @@ def report_command(
         report.write(out, text)
         if json_out != "-":
             click.echo(f"wrote {out}")
+
+
+@cli.command("trap-map")
+@click.option(
+    "--deployment",
+    default="h100-1p1d",
+    show_default=True,
+    metavar="PRESET",
+    help="Deployment preset or shape.",
+)
+@click.option(
+    "--host-tier", type=float, default=None, help="Host tier multiple (0: GPU-only). Default: preset's."
+)
+@click.option(
+    "--state-slots",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Recurrent-state snapshots per prefill instance, as for simulate. Default: no limit.",
+)
+@click.option(
+    "--workload", default="terminal-bench", show_default=True, metavar="NAME|FILE", help=_WORKLOAD_HELP
+)
+@click.option(
+    "--tool-time-scale", type=float, default=1.0, show_default=True, help="Multiply every tool gap."
+)
+@click.option(
+    "--shared-prefix",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="TOKENS",
+    help="Open every session's first prompt with the same TOKENS tokens, as `workload export` writes them.",
+)
+@click.option(
+    "--base-rates", default="3.3", show_default=True, help="Base arrival rates, sessions/min (comma list)."
+)
+@click.option(
+    "--surges",
+    default="1,1.33,2",
+    show_default=True,
+    help="Surge factors (comma list; 1 is the no-surge control, 2 is +100 %).",
+)
+@click.option(
+    "--surge-start-min", type=float, default=15.0, show_default=True, help="Minute the surges start."
+)
+@click.option("--surge-minutes", type=float, default=10.0, show_default=True, help="Length of every surge.")
+@click.option(
+    "--duration-min", type=float, default=120.0, show_default=True, help="Simulated minutes per run."
+)
+@click.option("--seeds", default="0-11", show_default=True, help="Seeds: A-B, N, or a comma list of them.")
+@click.option(
+    "--jobs", type=click.IntRange(min=1), default=None, help="Worker processes [default: the CPU count]."
+)
+@click.option(
+    "--json",
+    "json_out",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    default=None,
+    help="Write every run's outcome as JSON (- for stdout).",
+)
+@click.option(
+    "--plot", "plot_out", type=click.Path(dir_okay=False), default=None, help="Write the map (PNG)."
+)
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def trap_map(
+    deployment: str,
+    host_tier: float | None,
+    state_slots: int | None,
+    workload: str,
+    tool_time_scale: float,
+    shared_prefix: int | None,
+    base_rates: str,
+    surges: str,
+    surge_start_min: float,
+    surge_minutes: float,
+    duration_min: float,
+    seeds: str,
+    jobs: int | None,
+    json_out: str | None,
+    plot_out: str | None,
+    quiet: bool,
+) -> None:
+    """How often a surge traps HiCache alone, by base rate and surge size over seeds (paper §4, Fig. 7)."""
+    import os
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from basin.evaluate import trapmap
+    from basin.evaluate.report import parse_seeds
+    from basin.sim import get_deployment
+    from basin.workload import load_workload
+
+    for path in (json_out, plot_out):
+        if path and path != "-":
+            _writable(path)
+    get_deployment(deployment, host_tier=host_tier, state_slots=state_slots)  # a bad name fails here
+    sessions = load_workload(workload, 0, tool_time_scale)  # a bad workload fails here, not in a worker
+    if shared_prefix is not None:
+        _check_shareable(sessions, workload)
+    spec = trapmap.MapSpec(
+        deployment=deployment,
+        base_rates=_float_list(base_rates, "--base-rates"),
+        surge_factors=_float_list(surges, "--surges"),
+        seeds=tuple(parse_seeds(seeds)),
+        host_tier=host_tier,
+        state_slots=state_slots,
+        workload=workload,
+        tool_time_scale=tool_time_scale,
+        shared_prefix=shared_prefix,
+        surge_start_min=surge_start_min,
+        surge_minutes=surge_minutes,
+        duration_min=duration_min,
+    )
+    spec.validate()
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, disable=quiet or json_out == "-") as progress:
+        task = progress.add_task(f"trap map of {deployment}: runs", total=len(spec.runs))
+        outcomes = trapmap.run_map(spec, jobs or os.cpu_count() or 1, lambda: progress.advance(task))
+    _write_json(trapmap.payload(spec, outcomes), json_out)
+    if plot_out:
+        trapmap.plot_map(spec, outcomes, plot_out)
+    if json_out == "-":
+        return
+    table = Table(
+        title=f"{deployment} · HiCache alone · {len(spec.seeds)} seeds · {surge_minutes:g}-minute surges"
+    )
+    for column in (
+        "base /min",
+        "surge",
+        "trapped",
+        "trapped seeds",
+        "other states",
+        "hit before",
+        "trapped: late hit",
+        "trapped: late TTFT (s)",
+        "goodput /h",
+    ):
+        table.add_column(column, justify="left" if "seeds" in column or "states" in column else "right")
+    for cell in trapmap.cells(outcomes):
+        others = {k: v for k, v in cell.labels.items() if k != "trapped"}
+        table.add_row(
+            f"{cell.base_rate:g}",
+            trapmap.surge_name(cell.surge_factor),
+            f"{len(cell.trapped)}/{len(cell.outcomes)}",
+            ",".join(str(o.seed) for o in cell.trapped) or "-",
+            ", ".join(f"{k} {v}" for k, v in sorted(others.items())) or "-",
+            f"{cell.median('hit_rate_pre'):.2f}",
+            _format_optional(cell.median("hit_rate_late", trapped_only=True), "{:.2f}"),
+            _format_optional(cell.median("median_ttft_late_s", trapped_only=True), "{:.0f}"),
+            f"{cell.median('goodput_sessions_per_h'):.0f}",
+        )
+    _console().print(table)
+    if plot_out:
+        click.echo(f"figure: {plot_out}")
+
+
+def _format_optional(value: float, pattern: str) -> str:
+    return "-" if math.isnan(value) else pattern.format(value)
 
 
 @cli.command("profile")

@@ -144,3 +144,68 @@ def test_random_sessions_keep_accounting_invariants(host_pages: int) -> None:
         cache.unlock(leaf)
     cache.check()
     assert cache.locked_gpu == 0
+
+
+def test_with_state_slots_a_prefix_is_reusable_only_up_to_a_kept_snapshot() -> None:
+    cache = RadixCache(gpu_pages=100, state_slots=8)
+    fill(cache, keys(1, 2, 3, 4), 0.0)
+    # The pages of (1, 2) are cached, but the state snapshot sits at the end of (1, 2, 3, 4).
+    assert cache.match(keys(1, 2, 9), 1.0).pages == 0
+    assert cache.match(keys(1, 2, 9), 1.0, reusable=False).pages == 2
+    assert cache.match(keys(1, 2, 3, 4, 5), 2.0).gpu_pages == 4
+    fill(cache, keys(1, 2, 3, 4, 5, 6), 3.0)
+    assert cache.match(keys(1, 2, 3, 4, 5, 6, 7), 4.0).gpu_pages == 6
+    assert cache.states_used == 2  # both prompt ends keep a snapshot while slots remain
+    cache.check()
+
+
+def test_the_least_recently_used_snapshot_gives_up_its_slot_but_not_its_pages() -> None:
+    cache = RadixCache(gpu_pages=100, state_slots=2)
+    fill(cache, keys(1, 2), 0.0)
+    fill(cache, keys(3, 4), 1.0)
+    cache.match(keys(1, 2, 5), 2.0)  # session 1 returns: its snapshot is now the most recent
+    fill(cache, keys(6, 7), 3.0)  # a third prompt takes the slot of (3, 4)
+    assert cache.states_used == 2
+    assert cache.match(keys(3, 4, 8), 4.0).pages == 0
+    assert cache.match(keys(3, 4, 8), 4.0, reusable=False).gpu_pages == 2  # the pages stay cached
+    assert cache.match(keys(1, 2, 5), 4.0).gpu_pages == 2
+    assert cache.match(keys(6, 7, 5), 4.0).gpu_pages == 2
+    cache.check()
+
+
+def test_a_sessions_older_snapshots_age_while_its_latest_is_used() -> None:
+    cache = RadixCache(gpu_pages=100, state_slots=3)
+    fill(cache, keys(1, 2), 0.0)
+    fill(cache, keys(1, 2, 3, 4), 1.0)  # snapshots at (1, 2) and at (1, 2, 3, 4)
+    fill(cache, keys(7, 8), 2.0)
+    fill(cache, keys(1, 2, 3, 4, 5, 6), 3.0)  # matches through (1, 2) but uses only the deepest snapshot
+    assert cache.match(keys(7, 8, 9), 4.0).gpu_pages == 2  # the other session keeps its snapshot
+    assert cache.match(keys(1, 2, 9), 4.0).pages == 0  # the one given up was the session's oldest
+    assert cache.match(keys(1, 2, 3, 4, 5, 6, 9), 4.0).gpu_pages == 6
+    cache.check()
+
+
+def test_a_locked_snapshot_keeps_its_slot_and_evicting_pages_frees_slots() -> None:
+    cache = RadixCache(gpu_pages=4, state_slots=1)
+    fill(cache, keys(1, 2), 0.0)
+    held = cache.match(keys(1, 2, 3), 1.0)
+    cache.lock(held.node)  # a request in flight uses the snapshot
+    fill(cache, keys(5, 6), 2.0)  # no slot to take: this prompt is cached without a snapshot
+    assert cache.match(keys(5, 6, 7), 3.0).pages == 0
+    cache.unlock(held.node)
+    fill(cache, keys(8, 9, 10, 11), 4.0)  # needs all four pages: (1, 2) and (5, 6) are evicted
+    assert cache.states_used == 1 and cache.match(keys(8, 9, 10, 11), 5.0).gpu_pages == 4
+    cache.check()
+
+
+def test_random_workload_with_state_slots_keeps_accounting_consistent() -> None:
+    rng = random.Random(3)
+    cache = RadixCache(gpu_pages=60, host_pages=40, state_slots=5)
+    sessions: list[list[int]] = [[s * 1000] for s in range(12)]
+    for step in range(400):
+        seq = sessions[rng.randrange(len(sessions))]
+        seq.extend(seq[-1] + 1 for _ in range(rng.randint(1, 3)))
+        if len(seq) > 20:
+            del seq[1:]
+        fill(cache, tuple(seq), float(step))
+        assert cache.states_used <= 5

@@ -49,6 +49,10 @@ class GpuCalibration:
     # prompt-proportional charge moves BASIN's goodput by at most 1.4 %). None: proportional, priced as
     # the copies above (`--transfer proportional`).
     pd_transfer_fixed_s: float | None = 0.010
+    # Recurrent-state snapshots the prefill instance keeps for prefix reuse (the hybrid model's 30
+    # linear-attention layers, paper §2): a cached prefix is reusable only up to a kept snapshot. None:
+    # no limit.
+    recurrent_state_slots: int | None = None
 
 
 H100 = GpuCalibration(
@@ -180,10 +184,18 @@ def get_deployment(name: str, host_tier: float | None = None, **options: object)
     changes: dict[str, object] = {k: v for k, v in options.items() if v is not None}
     if host_tier is not None:
         changes["host_tier"] = host_tier
+    gpu = base.gpu
     transfer = changes.pop("transfer", None)
     if transfer is not None:
         if transfer not in TRANSFERS:
             raise BasinError(f"unknown transfer pricing {transfer!r}; choose {', '.join(TRANSFERS)}")
         if transfer == "proportional":
-            changes["gpu"] = replace(base.gpu, pd_transfer_fixed_s=None)
+            gpu = replace(gpu, pd_transfer_fixed_s=None)
+    state_slots = changes.pop("state_slots", None)
+    if state_slots is not None:
+        if not isinstance(state_slots, int) or state_slots < 1:
+            raise BasinError(f"--state-slots must be a positive number of snapshots, got {state_slots}")
+        gpu = replace(gpu, recurrent_state_slots=state_slots)
+    if gpu is not base.gpu:
+        changes["gpu"] = gpu
     return base.with_options(**changes)

@@ -155,6 +155,7 @@ class PrefillInstance:
             gpu_pages=gpu.prefill_cache_tokens // PAGE_TOKENS,
             host_pages=int(gpu.prefill_cache_tokens * deployment.host_tier) // PAGE_TOKENS,
             write_through=deployment.write_through,
+            state_slots=gpu.recurrent_state_slots,
         )
         self.waiting = _Queue()
         self.running: list[Request] = []  # started, not finished (chunked prefill in progress)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 
 class Node:
-    __slots__ = ("children", "gpu", "host", "key", "last_access", "lock", "parent")
+    __slots__ = ("children", "gpu", "host", "key", "last_access", "lock", "parent", "state", "state_access")
 
     def __init__(self, key: tuple[int, ...], parent: Node | None, now: float) -> None:
         self.key = key
@@ -31,6 +31,8 @@ class Node:
         self.host = False
         self.lock = 0
         self.last_access = now
+        self.state = False  # holds a recurrent-state slot: a prefix ending here is reusable (hybrid models)
+        self.state_access = now  # last use of that state: only the deepest usable one on a match
 
     def __len__(self) -> int:
         return len(self.key)
@@ -45,9 +47,9 @@ class _LruHeap:
         self._valid = valid
         self._seq = itertools.count()
 
-    def push(self, node: Node, live: int) -> None:
+    def push(self, node: Node, live: int, stamp: float | None = None) -> None:
         heap = self._heap
-        heapq.heappush(heap, (node.last_access, next(self._seq), node))
+        heapq.heappush(heap, (node.last_access if stamp is None else stamp, next(self._seq), node))
         size = len(heap)
         if size > 64 and size > 4 * (live + 16):
             self._heap = [e for e in self._heap if self._valid(e[2], e[0])]
@@ -76,7 +78,9 @@ class Match:
 
 
 class RadixCache:
-    def __init__(self, gpu_pages: int, host_pages: int = 0, write_through: bool = True) -> None:
+    def __init__(
+        self, gpu_pages: int, host_pages: int = 0, write_through: bool = True, state_slots: int | None = None
+    ) -> None:
         if gpu_pages < 1 or host_pages < 0:
             raise ValueError("cache capacities must be positive")
         self.gpu_capacity = gpu_pages
@@ -90,6 +94,12 @@ class RadixCache:
         self.in_flight = 0  # pages allocated to requests, not yet in the tree
         self._gpu_lru = _LruHeap(_gpu_evictable)
         self._host_lru = _LruHeap(_host_evictable)
+        # Hybrid models (paper §2): a prefix is reusable only where a recurrent-state snapshot was kept, at
+        # the end of an inserted prompt, and the snapshots share a pool of `state_slots` (None: no limit, a
+        # pure-attention model: every cached page is reusable).
+        self.state_slots = state_slots
+        self.states_used = 0
+        self._state_lru = _LruHeap(_state_evictable)
 
     # ------------------------------------------------------------------ capacity
     @property
@@ -133,11 +143,15 @@ class RadixCache:
             i += length
         return i
 
-    def match(self, keys: tuple[int, ...], now: float) -> Match:
-        """Longest cached prefix of `keys`; touches the path. May split a node at the match end."""
+    def match(self, keys: tuple[int, ...], now: float, reusable: bool = True) -> Match:
+        """Longest cached prefix of `keys`; touches the path. May split a node at the match end. With
+        recurrent-state slots a prefix is `reusable` only up to its last node holding a state; insertion
+        asks for the whole cached path instead (`reusable=False`)."""
         node = self.root
         gpu = host = 0
         i, n = 0, len(keys)
+        usable: Match | None = None
+        states = self.state_slots is not None
         while i < n:
             child = node.children.get(keys[i])
             if child is None:
@@ -153,7 +167,14 @@ class RadixCache:
             child.last_access = now
             node = child
             i += length
+            if states and child.state:
+                usable = Match(child, gpu, host)
         self._push_if_leaf(node)
+        if states and reusable:
+            if usable is None:
+                return Match(self.root, 0, 0)
+            self._touch_state(usable.node, now)
+            return usable
         return Match(node, gpu, host)
 
     def _push_if_leaf(self, node: Node) -> None:
@@ -169,7 +190,7 @@ class RadixCache:
         parent = node.parent
         assert parent is not None
         upper = Node(node.key[:at], parent, node.last_access)
-        upper.gpu, upper.host, upper.lock = node.gpu, node.host, node.lock
+        upper.gpu, upper.host, upper.lock = node.gpu, node.host, node.lock  # the state stays at the end
         parent.children[upper.key[0]] = upper
         node.key = node.key[at:]
         node.parent = upper
@@ -186,6 +207,8 @@ class RadixCache:
             node = node.parent  # type: ignore[assignment]
 
     def unlock(self, node: Node) -> None:
+        if node.state:  # its own lock is gone: its snapshot may be given up again
+            self._state_lru.push(node, self.states_used, node.state_access)
         root = self.root
         while node is not root:
             node.lock -= 1
@@ -220,7 +243,7 @@ class RadixCache:
         Pages another request inserted meanwhile are dropped as duplicates. Returns the last node of
         `keys` (lock it to keep the pages until the KV transfer ends).
         """
-        match = self.match(keys, now)
+        match = self.match(keys, now, reusable=False)
         if match.host_pages:
             # Our own computed copy is on the GPU already: use it instead of loading the host copy.
             moved = min(match.host_pages, in_flight_pages)
@@ -232,6 +255,7 @@ class RadixCache:
         self.in_flight -= in_flight_pages  # leftovers were duplicates: free them
         node = match.node
         if remaining <= 0:
+            self._keep_state(node, now)
             return node
         if used < remaining:
             raise ValueError(f"inserting {remaining} new pages with only {in_flight_pages} allocated")
@@ -245,7 +269,28 @@ class RadixCache:
             leaf.host = True
             self.host_used += size
         self._push_gpu(leaf)
+        self._keep_state(leaf, now)
         return leaf
+
+    def _keep_state(self, node: Node, now: float) -> None:
+        """Snapshot the recurrent state at the end of an inserted prompt, taking a slot from the least
+        recently used unlocked snapshot when the pool is full (its pages stay cached, unusable alone)."""
+        if self.state_slots is None or node is self.root:
+            return
+        if not node.state:
+            if self.states_used >= self.state_slots:
+                victim = self._state_lru.pop()
+                if victim is None:
+                    return  # every snapshot belongs to a request in flight
+                victim.state = False
+                self.states_used -= 1
+            node.state = True
+            self.states_used += 1
+        self._touch_state(node, now)
+
+    def _touch_state(self, node: Node, now: float) -> None:
+        node.state_access = now
+        self._state_lru.push(node, self.states_used, now)
 
     def _host_only_path(self, node: Node) -> list[Node]:
         """`node` and its ancestors up to the first GPU-resident one, bottom-up."""
@@ -320,11 +365,14 @@ class RadixCache:
         assert parent is not None and not node.children
         del parent.children[node.key[0]]
         node.parent = None
+        if node.state:
+            node.state = False
+            self.states_used -= 1
 
     # ------------------------------------------------------------------ checks
     def check(self) -> None:
         """Recount everything from the tree and compare with the counters (tests call this)."""
-        gpu = host = locked = 0
+        gpu = host = locked = states = 0
         stack = list(self.root.children.values())
         while stack:
             node = stack.pop()
@@ -334,6 +382,7 @@ class RadixCache:
                 gpu += len(node)
                 locked += len(node) if node.lock else 0
             host += len(node) if node.host else 0
+            states += node.state
             for child in node.children.values():
                 assert child.parent is node and child.lock <= node.lock
                 assert node.host or not child.host, "host copies are closed under ancestors"
@@ -341,6 +390,7 @@ class RadixCache:
         assert gpu == self.gpu_used, (gpu, self.gpu_used)
         assert host == self.host_used, (host, self.host_used)
         assert locked == self.locked_gpu, (locked, self.locked_gpu)
+        assert states == self.states_used and (self.state_slots is None or states <= self.state_slots)
         assert self.in_flight >= 0
         assert self.gpu_free + self.gpu_evictable + self.locked_gpu + self.in_flight == self.gpu_capacity
         assert self.gpu_free >= 0 and self.host_used <= self.host_capacity
@@ -369,6 +419,16 @@ def _gpu_evictable(node: Node, stamp: float) -> bool:
         and node.lock == 0
         and node.last_access == stamp
         and not _has_gpu_child(node)
+    )
+
+
+def _state_evictable(node: Node, stamp: float) -> bool:
+    # Only a request's own lock on this node holds its snapshot, not the locks its descendants pass up.
+    return (
+        node.parent is not None
+        and node.state
+        and node.state_access == stamp
+        and node.lock == sum(child.lock for child in node.children.values())
     )
 
 

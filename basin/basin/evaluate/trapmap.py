@@ -1,0 +1,200 @@
+"""How often a finite surge traps the engine (paper §4, Fig. 7): HiCache alone on a grid of base loads
+and surge sizes, every cell over several seeds.
+
+Near the tipping point a surge's outcome depends on which sessions happen to be active together
+(docs/simulator.md), so one run per cell says little. A cell counts the seeds whose run ends trapped
+(§7.1's label), names them, and describes the trapped runs (late hit rate, median TTFT). The calibration
+table of docs/simulator.md (h100-1p1d at 3.3 sessions/min, seeds 0–11) is one row of such a map.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from basin.errors import BasinError
+
+
+@dataclass(frozen=True)
+class MapSpec:
+    """The grid: absolute base rates (sessions/min) × surge factors (1.0 is the no-surge control) × seeds."""
+
+    deployment: str
+    base_rates: tuple[float, ...]
+    surge_factors: tuple[float, ...]
+    seeds: tuple[int, ...]
+    host_tier: float | None = None
+    state_slots: int | None = None
+    workload: str = "terminal-bench"
+    tool_time_scale: float = 1.0
+    shared_prefix: int | None = None
+    surge_start_min: float = 15.0
+    surge_minutes: float = 10.0
+    duration_min: float = 120.0
+
+    def validate(self) -> None:
+        if not self.base_rates or min(self.base_rates) <= 0:
+            raise BasinError("base rates must be positive sessions/min")
+        if not self.surge_factors or min(self.surge_factors) < 1:
+            raise BasinError("surge factors must be at least 1 (1: no surge)")
+        if not self.seeds:
+            raise BasinError("give at least one seed")
+        if self.surge_minutes <= 0 or self.surge_start_min < 0:
+            raise BasinError("the surge needs a positive length and a start at or after minute 0")
+        if self.surge_start_min + self.surge_minutes + 35 > self.duration_min:
+            # §7.1: the windows that decide "trapped" end at least 35 minutes after the trigger.
+            raise BasinError("--duration-min must reach 35 minutes past the surge's end to label a trap")
+
+    @property
+    def runs(self) -> list[tuple[float, float, int]]:
+        return [(r, f, s) for r in self.base_rates for f in self.surge_factors for s in self.seeds]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    base_rate: float
+    surge_factor: float
+    seed: int
+    label: str
+    hit_rate_pre: float
+    hit_rate_late: float
+    median_ttft_late_s: float
+    goodput_sessions_per_h: float
+
+
+def run_one(spec: MapSpec, base_rate: float, factor: float, seed: int) -> Outcome:
+    """One run of HiCache alone: the cell (base_rate, factor) on `seed`."""
+    from basin.policy import make_policy
+    from basin.sim import Simulation, SimulationConfig, get_deployment
+    from basin.workload import RateSchedule, load_workload
+    from basin.workload.transforms import share_prefix
+
+    deployment = get_deployment(spec.deployment, host_tier=spec.host_tier, state_slots=spec.state_slots)
+    pool = load_workload(spec.workload, seed=seed, tool_time_scale=spec.tool_time_scale)
+    if spec.shared_prefix is not None:
+        pool = [share_prefix(session, spec.shared_prefix) for session in pool]
+    schedule = RateSchedule(
+        base_rate=base_rate,
+        duration_min=spec.duration_min,
+        surge_factor=factor,
+        surge_start_min=spec.surge_start_min,
+        surge_minutes=spec.surge_minutes if factor != 1 else 0.0,
+    )
+    config = SimulationConfig(deployment, schedule, seed=seed)
+    summary = Simulation(config, make_policy("hicache"), pool).run().summary
+    return Outcome(
+        base_rate,
+        factor,
+        seed,
+        summary.label,
+        summary.hit_rate_pre,
+        summary.hit_rate_late,
+        summary.median_ttft_late_s,
+        summary.goodput_sessions_per_h,
+    )
+
+
+def run_map(spec: MapSpec, jobs: int = 1, advance: Callable[[], None] | None = None) -> list[Outcome]:
+    """Every run of the grid, in grid order whatever the number of worker processes."""
+    spec.validate()
+    runs = spec.runs
+    results: dict[tuple[float, float, int], Outcome] = {}
+    if jobs <= 1:
+        for run in runs:
+            results[run] = run_one(spec, *run)
+            if advance:
+                advance()
+    else:
+        with ProcessPoolExecutor(max_workers=min(jobs, len(runs))) as pool:
+            futures = {pool.submit(run_one, spec, *run): run for run in runs}
+            for future in as_completed(futures):
+                results[futures[future]] = future.result()
+                if advance:
+                    advance()
+    return [results[run] for run in runs]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A (base rate, surge factor) cell over its seeds."""
+
+    base_rate: float
+    surge_factor: float
+    outcomes: tuple[Outcome, ...]
+
+    @property
+    def trapped(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.label == "trapped"]
+
+    @property
+    def labels(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for outcome in self.outcomes:
+            counts[outcome.label] = counts.get(outcome.label, 0) + 1
+        return counts
+
+    def median(self, field: str, trapped_only: bool = False) -> float:
+        runs = self.trapped if trapped_only else self.outcomes
+        values = [getattr(o, field) for o in runs if not math.isnan(getattr(o, field))]
+        return float(np.median(values)) if values else math.nan
+
+
+def cells(outcomes: Sequence[Outcome]) -> list[Cell]:
+    """Outcomes grouped by cell, in grid order."""
+    grouped: dict[tuple[float, float], list[Outcome]] = {}
+    for outcome in outcomes:
+        grouped.setdefault((outcome.base_rate, outcome.surge_factor), []).append(outcome)
+    return [Cell(rate, factor, tuple(runs)) for (rate, factor), runs in grouped.items()]
+
+
+def surge_name(factor: float) -> str:
+    """1 → "none", 2 → "+100 %"."""
+    return "none" if factor == 1 else f"+{(factor - 1) * 100:.0f} %"
+
+
+def payload(spec: MapSpec, outcomes: Sequence[Outcome]) -> dict:
+    return {
+        "spec": asdict(spec),
+        "policy": "hicache",
+        "outcomes": [asdict(o) for o in outcomes],
+    }
+
+
+def plot_map(spec: MapSpec, outcomes: Sequence[Outcome], out: str | Path) -> None:
+    """The paper's Fig. 7 panel: the share of seeds trapped per cell, with the count written in."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grid = {(c.base_rate, c.surge_factor): c for c in cells(outcomes)}
+    rates, factors = list(spec.base_rates), list(spec.surge_factors)
+    share = np.array([[len(grid[r, f].trapped) / len(grid[r, f].outcomes) for f in factors] for r in rates])
+    fig, ax = plt.subplots(
+        figsize=(2.4 + 1.1 * len(factors), 2.0 + 0.5 * len(rates)), constrained_layout=True
+    )
+    image = ax.imshow(share, cmap="Reds", vmin=0, vmax=1, origin="lower", aspect="auto")
+    for i, rate in enumerate(rates):
+        for j, factor in enumerate(factors):
+            cell = grid[rate, factor]
+            ax.text(
+                j,
+                i,
+                f"{len(cell.trapped)}/{len(cell.outcomes)}",
+                ha="center",
+                va="center",
+                color="white" if share[i, j] > 0.6 else "black",
+            )
+    ax.set_xticks(range(len(factors)), [surge_name(f) for f in factors])
+    ax.set_yticks(range(len(rates)), [f"{r:g}" for r in rates])
+    ax.set_xlabel(f"surge ({spec.surge_minutes:g} min)")
+    ax.set_ylabel("base rate (/min)")
+    ax.set_title(f"{spec.deployment}, HiCache alone: seeds trapped", fontsize=10)
+    fig.colorbar(image, ax=ax, label="share trapped")
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
