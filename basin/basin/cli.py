@@ -790,6 +790,7 @@ def replay(
         "requests": counts.requests,
         "answered": counts.answered,
         "parked_answers": counts.parked_answers,
+        "cut_off": counts.cut_off,
         "connection_errors": counts.connection_errors,
         "failed_requests": counts.failed_requests,
         "first_errors": counts.first_errors,

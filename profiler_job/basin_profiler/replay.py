@@ -79,6 +79,7 @@ class ReplayCounts:
     requests: int = 0
     answered: int = 0
     parked_answers: int = 0  # 429s
+    cut_off: int = 0  # requests in flight when the run ended: sent, but their answers were never read
     connection_errors: int = 0
     failed_requests: int = 0  # other non-2xx answers and broken streams
     stopped_early: str = ""  # why the run ended before its duration, if it did
@@ -376,21 +377,27 @@ class Replay:
             try:
                 async with self._semaphore:
                     self.counts.requests += 1
-                    async with self._http.post(url, data=body, headers=headers) as response:
-                        if response.status == 429:
-                            self.counts.parked_answers += 1
-                            self.parked.add(sid)
-                            self.active.pop(sid, None)
-                            retry = _retry_after(response.headers.get("Retry-After"))
-                        elif response.status == 503:
-                            outcome = response.headers.get(OUTCOME_HEADER, "shed")
-                            raise _Outcome(outcome if outcome in ("shed", "rejected") else "shed")
-                        elif response.status != 200:
-                            detail = (await response.text())[:200]
-                            self._error("failed_requests", f"HTTP {response.status} from {url}: {detail}")
-                            raise _Outcome("failed")
-                        else:
-                            return await self._read(response), released
+                    try:
+                        async with self._http.post(url, data=body, headers=headers) as response:
+                            if response.status == 429:
+                                self.counts.parked_answers += 1
+                                self.parked.add(sid)
+                                self.active.pop(sid, None)
+                                retry = _retry_after(response.headers.get("Retry-After"))
+                            elif response.status == 503:
+                                outcome = response.headers.get(OUTCOME_HEADER, "shed")
+                                raise _Outcome(outcome if outcome in ("shed", "rejected") else "shed")
+                            elif response.status != 200:
+                                detail = (await response.text())[:200]
+                                self._error("failed_requests", f"HTTP {response.status} from {url}: {detail}")
+                                raise _Outcome("failed")
+                            else:
+                                return await self._read(response), released
+                    except asyncio.CancelledError:
+                        # The run ended with this request out: the server may have answered it (a 429
+                        # it counted, say) without the client reading the answer.
+                        self.counts.cut_off += 1
+                        raise
             except (aiohttp.ClientError, TimeoutError, ValueError) as error:  # orjson errors are ValueErrors
                 kind = "failed_requests" if isinstance(error, ValueError) else "connection_errors"
                 self._error(kind, f"{type(error).__name__} from {url}: {error}")

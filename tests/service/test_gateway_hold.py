@@ -57,7 +57,8 @@ def test_held_calls_are_forwarded_once_admitted_instead_of_answered_429(tmp_path
     assert plain_429 > 20 and plain_rechecks == 0  # admission parked, and nothing was held
     assert held_rechecks > 0  # held calls were asked again, step after step
     # The client sees a 429 only where a hold ran out: far fewer than one per control step.
-    assert held["parked_answers"] == held_429 < plain_429 / 3, (held_429, plain_429)
+    assert held["parked_answers"] <= held_429 <= held["parked_answers"] + held["cut_off"]  # answers read
+    assert held_429 < plain_429 / 3, (held_429, plain_429)
     assert held["measured_sessions"] == plain["measured_sessions"]  # the same arrivals
 
 

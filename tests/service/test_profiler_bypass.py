@@ -60,7 +60,11 @@ def test_the_ramp_bypasses_the_gateway_only_with_the_shared_token(tmp_path: Path
 
         admitted = ramp(gateway.url, {})
         assert admitted.counts.parked_answers > 0  # the same ramp, as a client: parked
-        assert metric(gateway.url, "basin_gateway_parked_answers_total") == admitted.counts.parked_answers
+        # Every 429 the client read, the gateway counted; it may have sent a few more to requests still
+        # out when the ramp ended, which the client cancelled unread.
+        parked = metric(gateway.url, "basin_gateway_parked_answers_total")
+        counts = admitted.counts
+        assert counts.parked_answers <= parked <= counts.parked_answers + counts.cut_off
     finally:
         gateway.stop()
         emulator.stop()

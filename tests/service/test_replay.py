@@ -121,10 +121,11 @@ def test_negative_warm_sessions_is_refused() -> None:
 class GatewayStub:
     """A gateway-like server: it parks every session's first call once (429), serves it, then sheds
     the session at its next call (503), recording the headers it saw. With `serve_all` it answers every
-    call at once."""
+    call at once; with `hang` it never answers."""
 
-    def __init__(self, serve_all: bool = False) -> None:
+    def __init__(self, serve_all: bool = False, hang: bool = False) -> None:
         self.serve_all = serve_all
+        self.hang = hang
         self.seen: list[dict[str, str]] = []
         self.attempts: dict[str, int] = {}
         self.port = 0
@@ -136,6 +137,8 @@ class GatewayStub:
         session = request.headers["X-Session-ID"]
         self.seen.append(dict(request.headers))
         attempt = self.attempts[session] = self.attempts.get(session, 0) + 1
+        if self.hang:
+            await asyncio.Event().wait()
         if not self.serve_all and attempt == 1:
             return web.Response(status=429, headers={"Retry-After": "0.01"})
         if not self.serve_all and attempt > 2:
@@ -207,6 +210,22 @@ def test_every_call_names_its_session_and_the_last_is_marked_final() -> None:
     assert len(finished) >= 10
     assert all(marks[-1] and not any(marks[:-1]) for marks in finished)  # only the last call is final
     assert payload["parked_answers"] == payload["connection_errors"] == payload["failed_requests"] == 0
+
+
+def test_requests_still_out_when_the_run_ends_are_counted_as_cut_off() -> None:
+    """A server that never answers: every request the client sent is still out at the end, unread, and
+    the client says so instead of counting it as an answer or an error."""
+    stub = GatewayStub(hang=True)
+    stub.serve()
+    result = run_basin(
+        "replay", "--target", f"http://127.0.0.1:{stub.port}", "--time-scale", "60", "--quiet",
+        "--base-rate", "6", "--duration-min", "5", "--seed", "0", "--warm-sessions", "0", "--json", "-",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    payload = json.loads(result.stdout)
+    assert len(stub.seen) >= 10
+    assert payload["requests"] == payload["cut_off"] == len(stub.seen)
+    assert payload["answered"] == payload["parked_answers"] == payload["connection_errors"] == 0
 
 
 def test_replay_survives_the_emulator_dying(emulator_factory) -> None:  # type: ignore[no-untyped-def]
