@@ -1050,10 +1050,7 @@ def plan_command(
     from basin.plan import Basis, Surge, WorkloadSpec, plan, plot_plan, recommendation, verify
 
     surge = Surge.parse(surge_text)
-    try:
-        tiers = [float(part) for part in host_tiers.split(",") if part.strip()]
-    except ValueError:
-        raise BasinError(f"--host-tiers takes numbers separated by commas, got {host_tiers!r}") from None
+    tiers = list(_float_list(host_tiers, "--host-tiers"))
     if verify_top < 0:
         raise BasinError(f"--verify must not be negative, got {verify_top}")
     if plot_out:
@@ -1342,23 +1339,7 @@ def report_command(
 
 
 @cli.command("trap-map")
-@click.option(
-    "--deployment",
-    default="h100-1p1d",
-    show_default=True,
-    metavar="PRESET",
-    help="Deployment preset or shape.",
-)
-@click.option(
-    "--host-tier", type=float, default=None, help="Host tier multiple (0: GPU-only). Default: preset's."
-)
-@click.option(
-    "--state-slots",
-    type=click.IntRange(min=1),
-    default=None,
-    metavar="N",
-    help="Recurrent-state snapshots per prefill instance, as for simulate. Default: no limit.",
-)
+@deployment_options(default="h100-1p1d")
 @click.option(
     "--workload", default="terminal-bench", show_default=True, metavar="NAME|FILE", help=_WORKLOAD_HELP
 )
@@ -1406,6 +1387,9 @@ def report_command(
 def trap_map(
     deployment: str,
     host_tier: float | None,
+    allocation: str | None,
+    router: str | None,
+    transfer: str | None,
     state_slots: int | None,
     workload: str,
     tool_time_scale: float,
@@ -1429,13 +1413,11 @@ def trap_map(
 
     from basin.evaluate import trapmap
     from basin.evaluate.report import parse_seeds
-    from basin.sim import get_deployment
     from basin.workload import load_workload
 
     for path in (json_out, plot_out):
         if path and path != "-":
             _writable(path)
-    get_deployment(deployment, host_tier=host_tier, state_slots=state_slots)  # a bad name fails here
     sessions = load_workload(workload, 0, tool_time_scale)  # a bad workload fails here, not in a worker
     if shared_prefix is not None:
         _check_shareable(sessions, workload)
@@ -1445,6 +1427,9 @@ def trap_map(
         surge_factors=_float_list(surges, "--surges"),
         seeds=tuple(parse_seeds(seeds)),
         host_tier=host_tier,
+        allocation=allocation,
+        router=router,
+        transfer=transfer,
         state_slots=state_slots,
         workload=workload,
         tool_time_scale=tool_time_scale,
@@ -1454,6 +1439,7 @@ def trap_map(
         duration_min=duration_min,
     )
     spec.validate()
+    spec.deployment_model()  # an unknown deployment or option fails here, not in a worker
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, disable=quiet or json_out == "-") as progress:
         task = progress.add_task(f"trap map of {deployment}: runs", total=len(spec.runs))

@@ -170,6 +170,16 @@ class GatewayStub:
         self._ready.wait(10)
 
 
+def replay_stub(stub: GatewayStub, *scenario: str) -> dict[str, Any]:
+    """`basin replay --json -` of a cold scenario against the stub; the run must end with exit 0."""
+    result = run_basin(
+        "replay", "--target", f"http://127.0.0.1:{stub.port}", "--quiet", "--warm-sessions", "0",
+        "--json", "-", *scenario,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return dict(json.loads(result.stdout))
+
+
 @pytest.fixture
 def gateway() -> Iterator[GatewayStub]:
     stub = GatewayStub()
@@ -179,12 +189,10 @@ def gateway() -> Iterator[GatewayStub]:
 
 def test_429_parks_and_503_sheds(gateway: GatewayStub) -> None:
     """Cold sessions only: each one's first call is parked once, served, and its second call shed."""
-    result = run_basin(
-        "replay", "--target", f"http://127.0.0.1:{gateway.port}", "--time-scale", "200", "--quiet",
-        "--base-rate", "3", "--duration-min", "30", "--seed", "3", "--warm-sessions", "0", "--json", "-",
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr  # parking and shedding are answers, not errors
-    payload = json.loads(result.stdout)
+    # Exit 0: parking and shedding are answers, not errors.
+    payload = replay_stub(
+        gateway, "--time-scale", "200", "--base-rate", "3", "--duration-min", "30", "--seed", "3"
+    )
     sessions = len(gateway.attempts)
     assert sessions > 10
     assert payload["parked_answers"] == sessions  # every session was parked once, then retried
@@ -197,12 +205,9 @@ def test_429_parks_and_503_sheds(gateway: GatewayStub) -> None:
 def test_every_call_names_its_session_and_the_last_is_marked_final() -> None:
     stub = GatewayStub(serve_all=True)
     stub.serve()
-    result = run_basin(
-        "replay", "--target", f"http://127.0.0.1:{stub.port}", "--time-scale", "500", "--quiet",
-        "--base-rate", "4", "--duration-min", "120", "--seed", "4", "--warm-sessions", "0", "--json", "-",
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    payload = json.loads(result.stdout)
+    payload = replay_stub(
+        stub, "--time-scale", "500", "--base-rate", "4", "--duration-min", "120", "--seed", "4"
+    )
     calls: dict[str, list[bool]] = {}
     for headers in stub.seen:
         calls.setdefault(headers["X-Session-ID"], []).append(headers.get("X-Session-Final") == "1")
@@ -217,12 +222,9 @@ def test_requests_still_out_when_the_run_ends_are_counted_as_cut_off() -> None:
     the client says so instead of counting it as an answer or an error."""
     stub = GatewayStub(hang=True)
     stub.serve()
-    result = run_basin(
-        "replay", "--target", f"http://127.0.0.1:{stub.port}", "--time-scale", "60", "--quiet",
-        "--base-rate", "6", "--duration-min", "5", "--seed", "0", "--warm-sessions", "0", "--json", "-",
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    payload = json.loads(result.stdout)
+    payload = replay_stub(
+        stub, "--time-scale", "60", "--base-rate", "6", "--duration-min", "5", "--seed", "0"
+    )
     assert len(stub.seen) >= 10
     assert payload["requests"] == payload["cut_off"] == len(stub.seen)
     assert payload["answered"] == payload["parked_answers"] == payload["connection_errors"] == 0

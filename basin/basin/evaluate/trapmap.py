@@ -10,14 +10,19 @@ table of docs/simulator.md (h100-1p1d at 3.3 sessions/min, seeds 0–11) is one 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from basin.errors import BasinError
+
+if TYPE_CHECKING:
+    from basin.sim import Deployment
 
 
 @dataclass(frozen=True)
@@ -28,7 +33,11 @@ class MapSpec:
     base_rates: tuple[float, ...]
     surge_factors: tuple[float, ...]
     seeds: tuple[int, ...]
+    # The deployment model's options, as `basin simulate` takes them (None: the preset's).
     host_tier: float | None = None
+    allocation: str | None = None
+    router: str | None = None
+    transfer: str | None = None
     state_slots: int | None = None
     workload: str = "terminal-bench"
     tool_time_scale: float = 1.0
@@ -50,6 +59,19 @@ class MapSpec:
             # §7.1: the windows that decide "trapped" end at least 35 minutes after the trigger.
             raise BasinError("--duration-min must reach 35 minutes past the surge's end to label a trap")
 
+    def deployment_model(self) -> Deployment:
+        """The deployment every run simulates; an unknown name or option is a `BasinError`."""
+        from basin.sim import get_deployment
+
+        return get_deployment(
+            self.deployment,
+            host_tier=self.host_tier,
+            allocation=self.allocation,
+            router=self.router,
+            transfer=self.transfer,
+            state_slots=self.state_slots,
+        )
+
     @property
     def runs(self) -> list[tuple[float, float, int]]:
         return [(r, f, s) for r in self.base_rates for f in self.surge_factors for s in self.seeds]
@@ -70,11 +92,11 @@ class Outcome:
 def run_one(spec: MapSpec, base_rate: float, factor: float, seed: int) -> Outcome:
     """One run of HiCache alone: the cell (base_rate, factor) on `seed`."""
     from basin.policy import make_policy
-    from basin.sim import Simulation, SimulationConfig, get_deployment
+    from basin.sim import Simulation, SimulationConfig
     from basin.workload import RateSchedule, load_workload
     from basin.workload.transforms import share_prefix
 
-    deployment = get_deployment(spec.deployment, host_tier=spec.host_tier, state_slots=spec.state_slots)
+    deployment = spec.deployment_model()
     pool = load_workload(spec.workload, seed=seed, tool_time_scale=spec.tool_time_scale)
     if spec.shared_prefix is not None:
         pool = [share_prefix(session, spec.shared_prefix) for session in pool]
@@ -132,11 +154,8 @@ class Cell:
         return [o for o in self.outcomes if o.label == "trapped"]
 
     @property
-    def labels(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for outcome in self.outcomes:
-            counts[outcome.label] = counts.get(outcome.label, 0) + 1
-        return counts
+    def labels(self) -> Counter[str]:
+        return Counter(o.label for o in self.outcomes)
 
     def median(self, field: str, trapped_only: bool = False) -> float:
         runs = self.trapped if trapped_only else self.outcomes
