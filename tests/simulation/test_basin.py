@@ -79,26 +79,49 @@ def lending_run(lending: bool, seed: int) -> tuple[Summary, float, int]:
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_lending_serves_next_turns_from_decode_memory_without_a_host_tier(seed: int) -> None:
-    """Lent units serve next turns by transfer: reuse during the surge rises on every seed and goodput
-    does not fall. Measured, lending off -> on, seeds 0-4:
-    - hit rate of prompts starting prefill in the surge (minutes 15-35): 0.803-0.811 -> 0.814-0.844,
-      difference +0.017 (+0.011 to +0.033), so the bound below is +0.01;
-    - goodput, sessions/h: 605-657 -> 623-660, ratio 1.016 (1.003-1.037); healthy on every seed either way;
-    - hit_rate_late (the final 30 minutes) does not rise: -0.009 (-0.025 to +0.005), lower with lending
-      on seeds 2-4. Lent memory raises the budget (c_eff), so the sessions parked in the surge are let
-      in sooner and more stay resident afterwards (seed 2, minutes 35-90: 226 vs 178 active, 1.6 vs 38
-      parked; minutes 90-120: 101 vs 94 active, working set 4.8M vs 4.4M tokens): the late cache serves
-      a larger population. A late-hit bound would hold on chosen seeds only (0 and 1).
-    The paper's larger effect (0.50-0.89 of goodput retained without lending, GPU-only) is not
-    reproduced here (0.96-1.00): with the backlog-gated budget, ordering by the fixed key keeps most of
-    the resident cohort's reuse without lending (docs/policies.md, ablation suite)."""
+    """Lent units serve next turns by transfer, and the budget spends the capacity they add (B0 counts
+    it) on admitting more sessions. Measured, lending off -> on, seeds 0-4:
+    - goodput, sessions/h: 491 -> 579, 509 -> 571, 473 -> 573, 424 (recovering) -> 543, 477 -> 625;
+      ratio 1.12-1.31 (paper Fig. 23, GPU-only: 0.50-0.89 of BASIN's goodput without lending);
+    - shed: 6.8-9.2 % -> 0.2-3.5 %;
+    - the hit rate of prompts starting prefill in the surge stays within 0.05 (0.872-0.890 -> 0.847-0.886):
+      the extra cache holds extra sessions rather than raising reuse. Before the budget bound (it fell
+      only on a prefill backlog) lending raised that hit rate by 0.011-0.033 and goodput by 0-4 %."""
     (lent, lent_surge_hit, fetches), (kept, kept_surge_hit, no_fetches) = (
         lending_run(True, seed),
         lending_run(False, seed),
     )
     assert fetches > 0 and no_fetches == 0
-    assert lent_surge_hit >= kept_surge_hit + 0.01
-    assert lent.goodput_sessions_per_h >= kept.goodput_sessions_per_h
+    assert lent.goodput_sessions_per_h >= 1.1 * kept.goodput_sessions_per_h
+    assert lent.shed_fraction < kept.shed_fraction
+    assert lent_surge_hit >= kept_surge_hit - 0.05
+
+
+@cache
+def no_order_run(seed: int) -> tuple[Summary, int]:
+    """The main scenario with BASIN's priority order off: the summary and the most sessions parked at once."""
+    deployment = get_deployment("h200-1p3d")
+    pool = load_workload("terminal-bench", seed=seed)
+    schedule = RateSchedule(
+        base_rate=8.0, duration_min=120, surge_factor=5.0, surge_start_min=15, surge_minutes=20
+    )
+    policy = build_policy("basin", deployment, pool, seed)
+    policy.config = dataclasses.replace(policy.config, ordering=False)  # type: ignore[attr-defined]
+    result = Simulation(SimulationConfig(deployment, schedule, seed=seed), policy, pool).run()
+    return result.summary, max(sample.parked_sessions for sample in result.records.samples)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_admission_alone_holds_the_surge_without_the_priority_order(seed: int) -> None:
+    """Issue 15 (paper Fig. 23: 0.81-0.95 of full BASIN without the order): the budget parks sessions and
+    keeps the engine out of the trap. Measured, sessions/h, seeds 0-4: 793, 845, 809, 791, 795, all
+    healthy; 0.97-1.00 of full BASIN; 1.3-2.6 % shed. Before the budget followed warm returns (it fell only
+    on a prefill backlog and never below the residents' reservations) every seed was trapped or barely
+    recovering (212-469)."""
+    summary, parked = no_order_run(seed)
+    assert parked > 0
+    assert summary.label in ("healthy", "recovering")
+    assert summary.goodput_sessions_per_h >= 0.75 * run("basin", "predictor", seed).goodput_sessions_per_h
 
 
 def test_continuum_keeps_reuse_and_basin_still_leads() -> None:

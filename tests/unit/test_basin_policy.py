@@ -15,6 +15,8 @@ from basin.policy import (
     DeploymentProfile,
     SessionInfo,
     Telemetry,
+    WarmReturns,
+    is_warm_return,
 )
 
 PROFILE = DeploymentProfile(
@@ -35,6 +37,7 @@ def telemetry(now: float, **changes: float) -> Telemetry:
         parked_sessions=0,
         working_set_tokens=0,
         hit_rate=0.9,
+        warm_hit_rate=0.95,
         prefill_backlog_tokens=0,
         decode_waiting_requests=0,
         decode_kv_used_tokens=0,
@@ -143,56 +146,62 @@ def test_lending_engages_with_demand_and_spare_decode_memory() -> None:
 def _parked_controller(**config: float) -> Basin:
     """Admission engaged with one session parked behind six residents reserving 30K each (B0 = 100K)."""
     policy = controller({f"s{i}": 30_000 for i in range(8)}, budget_step=0.1, **config)
-    policy.on_control(0.0, telemetry(0.0, hit_rate=0.9))  # healthy plateau observed
+    policy.on_control(0.0, telemetry(0.0))  # healthy plateau observed
     for i in range(6):
         arrive(policy, f"s{i}", 1.0)
         policy.on_call_end(1.0, CallInfo(f"s{i}", 0, 10_000), 20_000)
-    policy.on_control(2.0, telemetry(2.0, hit_rate=0.9))
+    policy.on_control(2.0, telemetry(2.0))
     assert arrive(policy, "s6", 3.0) is Admission.PARK
-    policy.on_control(5.0, telemetry(5.0, hit_rate=0.9))
+    policy.on_control(5.0, telemetry(5.0))
     assert policy.admit and len(policy.parked) == 1
     return policy
 
 
-def test_budget_rises_on_the_plateau_to_its_ceiling_and_falls_when_lost_reuse_builds_a_backlog() -> None:
+def test_budget_steps_once_per_interval_and_falls_below_the_reservations_when_reuse_fails() -> None:
     policy = _parked_controller(budget_range=(0.5, 2.0))  # s6 needs 210K: above the ceiling
     start = policy.budget
-    policy.on_control(10.0, telemetry(10.0, hit_rate=0.9))
+    for t in range(10, 40, 5):  # six control steps, one Δ (30 s) after the last move: one step of 10K
+        policy.on_control(float(t), telemetry(float(t)))
     assert policy.budget == pytest.approx(start + 10_000)
-    for t in range(15, 200, 5):
-        policy.on_control(float(t), telemetry(float(t), hit_rate=0.9))
+    for t in range(35, 800, 5):
+        policy.on_control(float(t), telemetry(float(t)))
     assert policy.budget == pytest.approx(2.0 * policy.b0)
-    backlog = dict(hit_rate=0.5, prefill_backlog_tokens=50_000)  # > 2 s of prefill work
-    for t in range(200, 260, 5):
-        policy.on_control(float(t), telemetry(float(t), **backlog))
-    assert policy.budget == pytest.approx(180_000)  # down to the residents' reservations, not below
+    assert len(policy.parked) == 1  # the ceiling holds s6 out
+    thrashing = dict(warm_hit_rate=0.5)  # prefixes used a minute ago miss: the working set does not fit
+    for t in range(800, 1400, 5):
+        policy.on_control(float(t), telemetry(float(t), **thrashing))
+    assert policy.budget == pytest.approx(0.5 * policy.b0)  # below the residents' 180K: entry stops
+    assert policy.residents == 6  # nobody is evicted
 
 
-def test_lost_reuse_that_prefill_absorbs_does_not_lower_the_budget() -> None:
-    """Long tool gaps evict prefixes whose recomputation prefill keeps up with: no reason to hold back."""
+def test_cold_returns_missing_do_not_lower_the_budget() -> None:
+    """Long tool runs evict prefixes under any load: the whole hit rate falls, warm returns still hit."""
     policy = _parked_controller()
     start = policy.budget
-    for t in range(10, 60, 5):
-        policy.on_control(float(t), telemetry(float(t), hit_rate=0.5))  # deteriorated, no backlog
+    for t in range(10, 100, 5):
+        policy.on_control(float(t), telemetry(float(t), hit_rate=0.5, prefill_backlog_tokens=50_000))
     assert policy.budget > start
 
 
-def test_the_plateau_follows_the_average_healthy_hit_rate_not_its_peaks() -> None:
+def test_the_plateau_starts_at_the_reference_and_follows_the_average_warm_hit_rate() -> None:
     policy = controller({})
-    for t, hit in enumerate([0.90, 0.99, 0.90, 0.90, 0.90, 0.90]):
-        policy.on_control(float(5 * t), telemetry(float(5 * t), hit_rate=hit))
-    assert 0.90 < policy.plateau < 0.93
+    assert policy.plateau == pytest.approx(0.95)  # basin.hitcurve's healthy plateau until learned
+    for t in range(200):
+        hit = 0.99 if t % 5 == 0 else 0.96
+        policy.on_control(float(5 * t), telemetry(float(5 * t), warm_hit_rate=hit))
+    assert 0.96 < policy.plateau < 0.975  # the average of 0.96 and the odd 0.99, not the peaks
 
 
 def test_the_plateau_is_learned_under_admission_but_not_from_a_backlogged_engine() -> None:
     policy = controller({"big": 150_000})
     arrive(policy, "big", 0.0)
     policy.on_call_end(0.0, CallInfo("big", 0, 10_000), 150_000)
-    policy.on_control(1.0, telemetry(1.0, hit_rate=0.9))  # W = 150K >= B0: admission from the start
-    assert policy.admit and policy.plateau == pytest.approx(0.9)  # nobody parked, prefill keeps up
+    policy.on_control(1.0, telemetry(1.0, warm_hit_rate=0.99))  # W = 150K >= B0: admission from the start
+    assert policy.admit and policy.plateau > 0.95  # nobody parked, prefill keeps up
+    learned = policy.plateau
     for t in range(5, 60, 5):  # reuse collapses and the recomputation piles up
-        policy.on_control(float(t), telemetry(float(t), hit_rate=0.2, prefill_backlog_tokens=50_000))
-    assert policy.plateau > 0.8  # two samples before the backlog persists (10 s), none after it
+        policy.on_control(float(t), telemetry(float(t), warm_hit_rate=0.2, prefill_backlog_tokens=50_000))
+    assert policy.plateau > learned - 0.1  # two samples before the backlog persists (10 s), none after it
 
 
 def test_shedding_takes_the_lowest_priority_parked_session_once_per_interval() -> None:
@@ -234,3 +243,15 @@ def test_arrival_variant_admits_by_current_context() -> None:
 def test_invalid_parameters_are_rejected(bad: dict) -> None:
     with pytest.raises(BasinError):
         BasinConfig(**bad)
+
+
+def test_warm_returns_cap_an_over_counted_hit_and_stand_in_only_for_unreported_answers() -> None:
+    tally = WarmReturns()
+    tally.count(1_000, 1_500)  # an engine that counts a prefix twice: capped at the prompt
+    tally.count(1_000, 500)
+    assert tally.take(stand_in=0.1) == pytest.approx(0.75)  # counts were reported: no stand-in
+    assert math.isnan(tally.take(stand_in=0.1))  # nothing came back since
+    tally.count(1_000, None)
+    assert tally.take(stand_in=0.1) == pytest.approx(0.1)
+    assert is_warm_return(100.0, 50.0) and not is_warm_return(100.0, 30.0)
+    assert not is_warm_return(100.0, -math.inf)  # a first call

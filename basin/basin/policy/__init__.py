@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from basin.errors import BasinError
 from basin.policy.base import (
+    WARM_RETURN_S,
     Admission,
     CallDirectives,
     CallInfo,
@@ -14,6 +15,8 @@ from basin.policy.base import (
     Policy,
     SessionInfo,
     Telemetry,
+    WarmReturns,
+    is_warm_return,
 )
 from basin.policy.basin import Basin, BasinArrival, BasinConfig, DeploymentProfile
 from basin.policy.composition import Composition
@@ -31,6 +34,7 @@ NEEDS_PREDICTOR = ("basin", "basin-arrival")
 
 __all__ = [
     "POLICIES",
+    "WARM_RETURN_S",
     "Admission",
     "Basin",
     "BasinArrival",
@@ -47,6 +51,8 @@ __all__ = [
     "SessionInfo",
     "Telemetry",
     "ThunderAgent",
+    "WarmReturns",
+    "is_warm_return",
     "make_policy",
 ]
 

@@ -13,6 +13,46 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import ClassVar
 
+# A call that returns within this long of its session's previous call is a *warm return*: its prefix was
+# used a moment ago, so a miss means the working set no longer fits the cache (Denning's page-fault
+# frequency), whereas a return from a long tool run may miss under any load. Assumed: a minute, twice
+# BASIN's control interval; the median tool gap is under a second (docs/workloads.md).
+WARM_RETURN_S = 60.0
+
+
+def is_warm_return(now: float, previous_answer_s: float) -> bool:
+    """Whether a call starting at `now` is a warm return (its session's previous call answered at
+    `previous_answer_s`; -inf for a first call)."""
+    return now - previous_answer_s < WARM_RETURN_S
+
+
+@dataclass(slots=True)
+class WarmReturns:
+    """The warm-return hit rate between two telemetry snapshots, counted from answers as a gateway sees
+    them (the simulator and the gateway keep one each)."""
+
+    cached: int = 0  # prompt tokens served from the prefix cache
+    prompt: int = 0
+    unreported: int = 0  # answers that carried no cached-token count
+
+    def count(self, prompt_tokens: int, cached_tokens: int | None) -> None:
+        """One warm return answered; an engine may over-count cached tokens, so they are capped at the
+        prompt."""
+        if cached_tokens is None:
+            self.unreported += 1
+        elif prompt_tokens > 0:
+            self.cached += min(cached_tokens, prompt_tokens)
+            self.prompt += prompt_tokens
+
+    def take(self, stand_in: float = float("nan")) -> float:
+        """The hit rate since the last take, and start again. `stand_in` answers when warm returns came back
+        but none carried a count; NaN when none came back."""
+        rate = float("nan") if not self.unreported else stand_in
+        if self.prompt:
+            rate = self.cached / self.prompt
+        self.cached = self.prompt = self.unreported = 0
+        return rate
+
 
 class Admission(Enum):
     ADMIT = "admit"  # the first call goes to the engine now
@@ -56,6 +96,9 @@ class Telemetry:
     decode_kv_capacity_tokens: int
     lent_tokens: int
     arrivals_per_min: float  # long-run arrival rate of new sessions
+    # Prefix hit rate of warm returns since the previous snapshot: calls whose session's previous call ended
+    # less than WARM_RETURN_S before (NaN when none started prefill).
+    warm_hit_rate: float = float("nan")
 
 
 @dataclass(slots=True)

@@ -4,12 +4,15 @@
   context over a token rate); the key orders admission, the prefill queue and the decode-memory queue.
 - Admission (Denning's working-set principle): parked and new sessions form one queue by key; the head
   enters while Σ Ŵ of residents + Ŵ_head ≤ B, or when no residents remain. Admission engages at
-  W = N·c̄ ≥ B0 and releases once W < α_R·B0 has held for a cool-down. B adapts page-fault-frequency
-  style within a bounded range around B0: up while sessions are parked and reuse is on its healthy
-  plateau or prefill keeps up, down when reuse deteriorates and the lost reuse has built a prefill backlog
-  (lost reuse that prefill absorbs costs nothing: long tool-idle gaps evict prefixes that are cheap to
-  recompute); after release it grows gradually, spreading re-entry. The plateau is learned whenever
-  nobody is parked and prefill keeps up.
+  W = N·c̄ ≥ B0 and releases once W < α_R·B0 has held for a cool-down. While engaged, B adapts
+  page-fault-frequency style within a bounded range around B0: up by a step per Δ (the feedback lag)
+  while sessions are parked and reuse is on its healthy plateau, down by a step per control step while
+  reuse has deteriorated — also below the residents' Σ Ŵ (it stops entry, it never evicts). Reuse is
+  the hit rate of *warm returns* (calls back within `WARM_RETURN_S` of their previous call's end): a
+  fault on a prefix used a minute ago means the working set no longer fits, while a return from a long
+  tool run misses whatever the load. After release B grows gradually, spreading re-entry. The plateau
+  is learned while nobody is parked and prefill keeps up (also under admission, which may be engaged
+  from the first step on); until then it is the reference curve's healthy hit rate.
 - B0 = min(m·κ·x_k·C_eff, C_eff), with C = max(C_G, C_H) and C_eff = max(C, C_G + L) for lent capacity L.
 - Ordering engages on a persistent prefill backlog or decode-memory wait, at W ≥ α_O·B0, or while
   admission is active. Lending engages at W ≥ α_L·B0 (B0 of the prefill tiers alone) or while admission
@@ -32,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from basin.errors import BasinError
-from basin.hitcurve import KNEE
+from basin.hitcurve import HIT_PLATEAU, KNEE
 from basin.policy.base import (
     Admission,
     CallDirectives,
@@ -63,9 +66,9 @@ class BasinConfig:
     backlog_tokens_s: float = 2.0  # ... and holds more than this many seconds of prefill work
     context_smoothing_s: float = 1800.0  # time constant of c̄
     budget_range: tuple[float, float] = (0.5, 8.0)  # B within this range times B0
-    budget_step: float = 0.05  # B moves by this share of B0 per control step
-    plateau_tolerance: float = 0.05  # reuse is on its plateau within this of the healthy hit rate
-    deteriorated_drop: float = 0.10  # reuse has deteriorated this far below the plateau
+    budget_step: float = 0.05  # B rises by this share of B0 per Δ, falls by it per control step
+    plateau_tolerance: float = 0.02  # warm-return reuse is on its plateau within this of the healthy rate
+    deteriorated_drop: float = 0.05  # warm-return reuse has deteriorated this far below the plateau
     arrival_window_s: float = 3600.0  # the long-run arrival rate averages over this window
     decode_spare: float = 0.8  # lending needs decode KV use below this share and no decode wait
     # Ablations (paper §7.8): switch one mechanism off.
@@ -180,13 +183,14 @@ class Basin(Policy):
         self.lend = False
         self.budget = math.inf
         self.context_mean: float | None = None  # c̄
-        self.hit = math.nan  # smoothed hit rate
-        self.plateau = math.nan  # healthy-plateau hit rate
+        self.hit = math.nan  # smoothed warm-return hit rate
+        self.plateau = HIT_PLATEAU  # healthy-plateau hit rate: the reference curve's until learned
         self.release_since: float | None = None
         self.order_since: float | None = None
         self.backlog_since: float | None = None
         self.last_control: float | None = None
         self.last_shed = -math.inf
+        self.last_adapt = -math.inf  # when B last moved while admission was engaged
         self.arrivals: deque[float] = deque()  # recent arrival times (long-run rate)
         self.b0 = math.inf
 
@@ -299,10 +303,8 @@ class Basin(Policy):
         low, high = cfg.budget_range[0] * b0, cfg.budget_range[1] * b0
         step = cfg.budget_step * b0
         backlog = self._backlog_persists(now, telemetry)
-        on_plateau = math.isnan(self.plateau) or self.hit >= self.plateau - cfg.plateau_tolerance
-        deteriorated = not math.isnan(self.plateau) and self.hit < self.plateau - cfg.deteriorated_drop
-        raise_budget = on_plateau or not backlog
-        lower_budget = deteriorated and backlog
+        on_plateau = math.isnan(self.hit) or self.hit >= self.plateau - cfg.plateau_tolerance
+        deteriorated = not math.isnan(self.hit) and self.hit < self.plateau - cfg.deteriorated_drop
         if not cfg.admission:
             self.admit = False
         elif w >= b0 or (self.admit and w >= cfg.alpha_release * b0):
@@ -315,11 +317,14 @@ class Basin(Policy):
         if self.admit:
             if math.isinf(self.budget):
                 self.budget = b0
-            if len(self.parked) and raise_budget:
+            # Up at most one step per Δ: a rise shows in reuse only once the sessions it let in have made
+            # calls. Down at every control step: by the time warm returns miss, the surge is in.
+            if deteriorated and now - self.last_adapt >= cfg.fast_interval_s:
+                self.budget -= step
+                self.last_adapt = now
+            elif len(self.parked) and on_plateau and now - self.last_adapt >= cfg.interval_s:
                 self.budget += step
-            elif lower_budget:
-                # Downward steps account for measured resident demand: never far below what runs.
-                self.budget = max(self.budget - step, min(self.reserved, self.budget))
+                self.last_adapt = now
             self.budget = min(max(self.budget, low), high)
         elif len(self.parked):
             self.budget = b0 if math.isinf(self.budget) else min(self.budget + step, high)
@@ -328,8 +333,8 @@ class Basin(Policy):
         if not len(self.parked) and not backlog and not math.isnan(self.hit):
             # The healthy plateau: reuse while nobody waits and prefill keeps up, also while admission is
             # engaged (it may be from the first step on). A slow average, not a running maximum: a maximum
-            # of noisy hit rates sits above the plateau and makes ordinary samples look like deterioration.
-            self.plateau = self.hit if math.isnan(self.plateau) else 0.95 * self.plateau + 0.05 * self.hit
+            # of noisy readings sits above the plateau and makes ordinary readings look like deterioration.
+            self.plateau = 0.95 * self.plateau + 0.05 * self.hit
 
         # Scheduling (lines 13-15): ordering on persistent backlog, high demand, or admission.
         wants_order = cfg.ordering and (backlog or w >= cfg.alpha_order * b0 or self.admit)
@@ -370,10 +375,9 @@ class Basin(Policy):
             else:
                 weight = 1.0 - math.exp(-elapsed / cfg.context_smoothing_s)
                 self.context_mean += (mean - self.context_mean) * weight
-        if not math.isnan(telemetry.hit_rate):
-            self.hit = (
-                telemetry.hit_rate if math.isnan(self.hit) else 0.5 * self.hit + 0.5 * telemetry.hit_rate
-            )
+        reuse = telemetry.warm_hit_rate
+        if not math.isnan(reuse):
+            self.hit = reuse if math.isnan(self.hit) else 0.5 * self.hit + 0.5 * reuse
         horizon = now - cfg.arrival_window_s
         while self.arrivals and self.arrivals[0] < horizon:
             self.arrivals.popleft()

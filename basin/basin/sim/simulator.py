@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ import numpy as np
 
 from basin.errors import BasinError
 from basin.evaluate import CallRecord, RunRecords, Sample, SessionRecord, Summary, summarize
-from basin.policy import Admission, CallInfo, Policy, SessionInfo, Telemetry
+from basin.policy import Admission, CallInfo, Policy, SessionInfo, Telemetry, WarmReturns, is_warm_return
 from basin.sim.costs import unloaded_call_times, unloaded_session_seconds
 from basin.sim.deployments import PAGE_TOKENS, Deployment, GpuCalibration
 from basin.sim.engine import PDEngine, Request
@@ -40,6 +41,8 @@ class SessionState:
     call_record: CallRecord | None = None
     context_tokens: int = 0  # counted in the working set while active
     status: str = "new"  # parked, active, done, shed, rejected, terminated
+    last_done_s: float = -math.inf  # when its previous call ended
+    warm_return: bool = False  # its current call is a warm return (basin.policy.is_warm_return)
 
     @property
     def session(self) -> Session:
@@ -133,6 +136,7 @@ class Simulation:
         self._rids = itertools.count(1)
         self._hit_cached = 0
         self._hit_prompt = 0
+        self._warm = WarmReturns()
         self._arrived = 0
         self._reference: dict[str, float] = {}
 
@@ -302,6 +306,7 @@ class Simulation:
         if state.record.first_call_s is None:
             state.record.first_call_s = now
         keys = self._conversation_pages(state, index)
+        state.warm_return = is_warm_return(now, state.last_done_s)
         directives = self.policy.on_call_start(now, CallInfo(state.sid, index, call.prompt_tokens))
         request = Request(
             next(self._rids),
@@ -366,6 +371,9 @@ class Simulation:
         record = state.call_record
         assert record is not None
         record.done_s = now
+        if state.warm_return:  # counted when answered, as the gateway sees it
+            self._warm.count(record.prompt_tokens, record.cached_tokens)
+        state.last_done_s = now
         record.itl_violating_steps = request.itl_violating_steps
         state.record.decode_steps += request.output_tokens
         state.record.itl_violating_steps += request.itl_violating_steps
@@ -414,6 +422,7 @@ class Simulation:
             parked_sessions=len(self.parked),
             working_set_tokens=self.working_set,
             hit_rate=hit,
+            warm_hit_rate=self._warm.take(),
             prefill_backlog_tokens=engine.prefill_backlog_tokens(),
             decode_waiting_requests=engine.decode_waiting_requests(),
             decode_kv_used_tokens=engine.decode_used_tokens(),
