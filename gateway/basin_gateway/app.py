@@ -34,6 +34,7 @@ from basin_gateway.upstream import EnginePods, PrefillEngine, Target, Upstreams,
 from basin_gateway.wire import (
     ROUTES,
     BadInput,
+    Tokens,
     answer_tokens,
     call_shape,
     parse_body,
@@ -410,13 +411,14 @@ async def _forward(
         if target.prefill is not None:  # its prefill half must not wait for a decode that failed
             gateway.spawn(gateway.abort_upstream(rid, (target.prefill.url,)))
 
-    def done(tokens: tuple[int, int] | None, fallback_output: int) -> None:
+    def done(tokens: Tokens | None, fallback_output: int) -> None:
         nonlocal settled
         if bypass or settled:
             return
         settled = True
-        prompt, output = tokens if tokens is not None else (prompt_tokens, fallback_output)
-        coordinator.call_done(sid, verdict.index, prompt or prompt_tokens, (prompt or prompt_tokens) + output)
+        prompt, output, cached = tokens if tokens is not None else (prompt_tokens, fallback_output, None)
+        prompt = prompt or prompt_tokens
+        coordinator.call_done(sid, verdict.index, prompt, prompt + output, cached)
         if final:
             coordinator.end(sid, True, "completed", "final-call")
 

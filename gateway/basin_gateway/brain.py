@@ -19,7 +19,16 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any
 
-from basin.policy import Admission, CallDirectives, CallInfo, Policy, SessionInfo, Telemetry
+from basin.policy import (
+    Admission,
+    CallDirectives,
+    CallInfo,
+    Policy,
+    SessionInfo,
+    Telemetry,
+    WarmReturns,
+    is_warm_return,
+)
 
 log = logging.getLogger("basin.gateway")
 
@@ -45,6 +54,8 @@ class Entry:
     reason: str = ""
     first_tokens: int = 0
     peak: float | None = None  # the predictor's Ŵ (kept so a new leader's policy sees the same one)
+    last_done: float = -math.inf  # model seconds: when its previous call was answered
+    warm_return: bool = False  # the call in flight is a warm return (basin.policy.is_warm_return)
 
     def record(self) -> dict[str, Any]:
         """The session as the shared table keeps it."""
@@ -103,6 +114,7 @@ class Brain:
         self.outcomes: Counter[tuple[str, str]] = Counter()  # (outcome, reason) -> sessions
         self.last_telemetry: Telemetry | None = None
         self.pins_ignored = 0
+        self.warm = WarmReturns()  # warm returns answered since the last telemetry
         self.overruns = 0
         # The policy's predictor, wrapped so each session's Ŵ is kept with it: a new leader hands the
         # same Ŵ back to its policy (and the shared table carries a number, not the task text).
@@ -191,16 +203,29 @@ class Brain:
         entry.calls += 1
         entry.in_flight += 1
         entry.context = prompt_tokens
+        entry.warm_return = is_warm_return(now, entry.last_done)
         waited = now - entry.arrived if index == 0 else None
         return Verdict(FORWARD, "", directives, index, waited)
 
-    def call_done(self, now: float, sid: str, index: int, prompt_tokens: int, context_tokens: int) -> None:
-        """A forwarded call finished with an answer; `context_tokens` is prompt plus output."""
+    def call_done(
+        self,
+        now: float,
+        sid: str,
+        index: int,
+        prompt_tokens: int,
+        context_tokens: int,
+        cached_tokens: int | None = None,
+    ) -> None:
+        """A forwarded call finished with an answer; `context_tokens` is prompt plus output, `cached_tokens`
+        its prompt's prefix-cache hit where the engine reported one."""
         entry = self.sessions.get(sid)
         if entry is None:
             return
+        if entry.warm_return:
+            self.warm.count(prompt_tokens, cached_tokens)
+        entry.warm_return = False
         entry.in_flight = max(entry.in_flight - 1, 0)
-        entry.last_seen = now
+        entry.last_seen = entry.last_done = now
         entry.context = context_tokens
         pin = self.policy.on_call_end(now, CallInfo(sid, index, prompt_tokens), context_tokens)
         if pin > 0:
@@ -218,6 +243,9 @@ class Brain:
 
     # ------------------------------------------------------------------ control
     def telemetry(self, now: float, reading: EngineReading) -> Telemetry:
+        """A snapshot for the policy; the warm-return tally starts again with it. Where the engine reported
+        no cached-token counts (OpenAI routes of an SGLang without --enable-cache-report), the engine-wide
+        hit rate stands in for the warm returns'."""
         return Telemetry(
             now=now,
             active_sessions=self.active_count(),
@@ -230,6 +258,7 @@ class Brain:
             decode_kv_capacity_tokens=reading.decode_kv_capacity_tokens,
             lent_tokens=reading.lent_tokens,
             arrivals_per_min=self.arrived / (now / 60) if now > 0 else 0.0,
+            warm_hit_rate=self.warm.take(stand_in=reading.hit_rate),
         )
 
     def control(self, now: float, reading: EngineReading) -> float | None:

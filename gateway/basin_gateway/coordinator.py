@@ -115,8 +115,10 @@ class Coordinator:
     async def call(self, sid: str, task: str, prompt_tokens: int) -> Verdict:
         return self.brain.call(self.clock.now(), sid, task, prompt_tokens)
 
-    def call_done(self, sid: str, index: int, prompt_tokens: int, context_tokens: int) -> None:
-        self.brain.call_done(self.clock.now(), sid, index, prompt_tokens, context_tokens)
+    def call_done(
+        self, sid: str, index: int, prompt_tokens: int, context_tokens: int, cached_tokens: int | None = None
+    ) -> None:
+        self.brain.call_done(self.clock.now(), sid, index, prompt_tokens, context_tokens, cached_tokens)
 
     def end(self, sid: str, completed: bool, outcome: str, reason: str) -> None:
         self.brain.end(self.clock.now(), sid, completed, outcome, reason)
@@ -331,6 +333,8 @@ class Coordinator:
                 ("ordering_active", "1 while ordering is engaged.", {}, float(policy.order)),
                 ("lending_active", "1 while lending is engaged.", {}, float(policy.lend)),
                 ("reserved_tokens", "Σ Ŵ of resident sessions.", {}, policy.reserved),
+                ("warm_hit_rate", "Smoothed hit rate of warm returns (the budget's signal).", {}, policy.hit),
+                ("warm_hit_plateau", "The healthy plateau of the warm-return hit rate.", {}, policy.plateau),
             ]
         rows += self.extra_rows()
         return [

@@ -252,12 +252,21 @@ class RedisCoordinator(Coordinator):
             return Verdict(PARK, "no-leader")
         return _verdict_from(reply)
 
-    def call_done(self, sid: str, index: int, prompt_tokens: int, context_tokens: int) -> None:
+    def call_done(
+        self, sid: str, index: int, prompt_tokens: int, context_tokens: int, cached_tokens: int | None = None
+    ) -> None:
         if self.leader or not self.redis_up or sid in self.local:
-            super().call_done(sid, index, prompt_tokens, context_tokens)
+            super().call_done(sid, index, prompt_tokens, context_tokens, cached_tokens)
             return
         self.spawn_tell(
-            {"op": "done", "sid": sid, "index": index, "prompt": prompt_tokens, "context": context_tokens}
+            {
+                "op": "done",
+                "sid": sid,
+                "index": index,
+                "prompt": prompt_tokens,
+                "context": context_tokens,
+                "cached": cached_tokens,
+            }
         )
 
     def end(self, sid: str, completed: bool, outcome: str, reason: str) -> None:
@@ -384,8 +393,14 @@ class RedisCoordinator(Coordinator):
             payload = {"id": message["id"], **_verdict_json(verdict)}
             return message["reply"], orjson.dumps(payload)
         if op == "done":
+            cached = message.get("cached")
             self.brain.call_done(
-                now, sid, int(message["index"]), int(message["prompt"]), int(message["context"])
+                now,
+                sid,
+                int(message["index"]),
+                int(message["prompt"]),
+                int(message["context"]),
+                None if cached is None else int(cached),
             )
         elif op == "end":
             self.brain.end(

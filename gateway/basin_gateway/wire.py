@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -221,18 +221,37 @@ def rewrite(
     return parsed.encode()
 
 
-def _tokens_of(chunk: Mapping[str, Any]) -> tuple[int, int] | None:
+class Tokens(NamedTuple):
+    """What an answer says of its tokens; `cached` (the prompt's prefix-cache hit) only where the engine
+    reports it (SGLang's meta_info, or usage.prompt_tokens_details with --enable-cache-report)."""
+
+    prompt: int
+    completion: int
+    cached: int | None = None
+
+
+def _count(value: Any) -> int | None:
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _tokens_of(chunk: Mapping[str, Any]) -> Tokens | None:
     meta = chunk.get("meta_info")
     if isinstance(meta, dict) and "completion_tokens" in meta:
-        return int(meta.get("prompt_tokens") or 0), int(meta.get("completion_tokens") or 0)
+        return Tokens(
+            int(meta.get("prompt_tokens") or 0),
+            int(meta.get("completion_tokens") or 0),
+            _count(meta.get("cached_tokens")),
+        )
     usage = chunk.get("usage")
     if isinstance(usage, dict) and "completion_tokens" in usage:
-        return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+        details = usage.get("prompt_tokens_details")
+        cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
+        return Tokens(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0), cached)
     return None
 
 
-def answer_tokens(body: Any) -> tuple[int, int] | None:
-    """(prompt, completion) tokens from a non-streamed answer, when it says."""
+def answer_tokens(body: Any) -> Tokens | None:
+    """(prompt, completion, cached) tokens from a non-streamed answer, when it says."""
     if isinstance(body, dict):
         return _tokens_of(body)
     if isinstance(body, list) and body and isinstance(body[0], dict):
@@ -240,9 +259,9 @@ def answer_tokens(body: Any) -> tuple[int, int] | None:
     return None
 
 
-def stream_tokens(tail: Iterable[bytes]) -> tuple[tuple[int, int] | None, bool]:
-    """From the last bytes of an SSE stream: (prompt, completion) tokens when a chunk says, and whether
-    the stream ended with `data: [DONE]`."""
+def stream_tokens(tail: Iterable[bytes]) -> tuple[Tokens | None, bool]:
+    """From the last bytes of an SSE stream: the tokens when a chunk says, and whether the stream ended
+    with `data: [DONE]`."""
     lines = b"".join(tail).split(b"\n")
     done = False
     found = None

@@ -191,10 +191,14 @@ def overview() -> dash.Dashboard:
         series(
             "Prefix hit rate",
             "Cached over prompt tokens prefilled (engines), and what the leader's last control step saw. "
-            "A fall of 0.1 below the baseline while sessions rise is the trap signature.",
+            "A fall of 0.1 below the baseline while sessions rise is the trap signature. BASIN's budget "
+            "follows warm returns (calls back within a minute of their previous answer): it falls once they "
+            "drop 0.05 below their plateau.",
             [
                 (hit_rate(), "engines {{namespace}}"),
                 (leader("telemetry_hit_rate"), "control step {{namespace}}"),
+                (leader("warm_hit_rate"), "warm returns {{namespace}}"),
+                (leader("warm_hit_plateau"), "warm plateau {{namespace}}"),
             ],
             unit="percentunit",
         )

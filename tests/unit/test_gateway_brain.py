@@ -158,3 +158,20 @@ def test_passthrough_is_hicache_alone() -> None:
     brain = Brain(make_policy("hicache"), 1, 1.0, 1.0)
     assert all(brain.call(0.0, f"s{i}", "", 10**6).action == FORWARD for i in range(50))
     assert SessionInfo  # the interface the gateway drives is the simulator's
+
+
+def test_warm_returns_hit_rate_counts_only_calls_back_within_a_minute() -> None:
+    brain = basin_brain()
+    assert brain.call(0.0, "s", "", 1_000).action == FORWARD
+    brain.call_done(1.0, "s", 0, 1_000, 1_200, cached_tokens=0)  # a first call: not a return
+    brain.call(11.0, "s", "", 1_500)  # back after 10 s: warm
+    brain.call_done(12.0, "s", 1, 1_500, 1_700, cached_tokens=1_200)
+    brain.call(300.0, "s", "", 2_000)  # back after a long tool run: cold, whatever it hits
+    brain.call_done(301.0, "s", 2, 2_000, 2_100, cached_tokens=0)
+    reading = EngineReading(hit_rate=0.4, fresh=True)
+    assert brain.telemetry(310.0, reading).warm_hit_rate == pytest.approx(0.8)
+    assert math.isnan(brain.telemetry(320.0, reading).warm_hit_rate)  # the tally starts again
+    brain.call(330.0, "s", "", 2_500)
+    brain.call_done(331.0, "s", 3, 2_500, 2_600)  # the engine did not report its cached tokens
+    # The engine did not say: the engine-wide rate stands in.
+    assert brain.telemetry(340.0, reading).warm_hit_rate == pytest.approx(0.4)

@@ -35,6 +35,7 @@ class Mirror(Policy):
         self.peaks: dict[str, float] = {}
         self.brain.set_predictor(lambda info: self.peaks[info.session_id])
         self.tally: Counter[str] = Counter()
+        self.simulation: Simulation | None = None  # set before it runs: answers carry cached tokens
 
     def on_session_arrival(self, now: float, session: SessionInfo) -> Admission:
         # The peak prediction is an input, not a rule: the twin gets the simulator's for this session
@@ -60,7 +61,12 @@ class Mirror(Policy):
         return directives
 
     def on_call_end(self, now: float, call: CallInfo, context_tokens: int) -> float:
-        self.brain.call_done(now, call.session_id, call.call_index, call.prompt_tokens, context_tokens)
+        assert self.simulation is not None
+        record = self.simulation.sessions[call.session_id].call_record
+        assert record is not None and record.call_index == call.call_index
+        self.brain.call_done(
+            now, call.session_id, call.call_index, call.prompt_tokens, context_tokens, record.cached_tokens
+        )
         return self.inner.on_call_end(now, call, context_tokens)
 
     def on_session_end(self, now: float, session_id: str, completed: bool) -> None:
@@ -112,7 +118,9 @@ def test_the_gateway_decides_as_the_simulator_on_the_same_events(policy: str) ->
     schedule = RateSchedule(
         base_rate=3.3, duration_min=40, surge_factor=5, surge_start_min=5, surge_minutes=20
     )
-    Simulation(SimulationConfig(deployment, schedule, seed=1, warm_sessions=0), mirror, pool).run()
+    config_run = SimulationConfig(deployment, schedule, seed=1, warm_sessions=0)
+    mirror.simulation = Simulation(config_run, mirror, pool)
+    mirror.simulation.run()
     tally = mirror.tally
     print(policy, dict(tally))
     assert tally[FORWARD] > 50 and tally[PARK] > 20 and tally["admitted by control"] > 10, tally

@@ -108,15 +108,20 @@ def test_priority_is_an_int32() -> None:
 
 
 def test_token_counts_from_answers_and_stream_tails() -> None:
-    assert answer_tokens({"meta_info": {"prompt_tokens": 5, "completion_tokens": 3}}) == (5, 3)
-    assert answer_tokens({"usage": {"prompt_tokens": 4, "completion_tokens": 2}}) == (4, 2)
+    assert answer_tokens({"meta_info": {"prompt_tokens": 5, "completion_tokens": 3}}) == (5, 3, None)
+    meta = {"prompt_tokens": 5, "completion_tokens": 3, "cached_tokens": 4}
+    assert answer_tokens({"meta_info": meta}) == (5, 3, 4)
+    assert answer_tokens({"usage": {"prompt_tokens": 4, "completion_tokens": 2}}) == (4, 2, None)
+    usage = {"prompt_tokens": 4, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 3}}
+    assert answer_tokens({"usage": usage}) == (4, 2, 3)
+    assert answer_tokens({"usage": {**usage, "prompt_tokens_details": None}}) == (4, 2, None)
     assert answer_tokens({"text": "x"}) is None
     tail = [
         b'data: {"meta_info": {"prompt_tokens": 9, "completion_tokens": 1}}\n\n',
         b'data: {"meta_info": {"prompt_tokens": 9, "com',
         b'pletion_tokens": 2}}\n\ndata: [DONE]\n\n',
     ]
-    assert stream_tokens(tail) == ((9, 2), True)
+    assert stream_tokens(tail) == ((9, 2, None), True)
     assert stream_tokens([b'data: {"choices": []}\n\n']) == (None, False)
 
 
