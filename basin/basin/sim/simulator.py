@@ -42,7 +42,6 @@ class SessionState:
     context_tokens: int = 0  # counted in the working set while active
     status: str = "new"  # parked, active, done, shed, rejected, terminated
     last_done_s: float = -math.inf  # when its previous call ended
-    warm_return: bool = False  # its current call is a warm return (basin.policy.is_warm_return)
 
     @property
     def session(self) -> Session:
@@ -306,7 +305,6 @@ class Simulation:
         if state.record.first_call_s is None:
             state.record.first_call_s = now
         keys = self._conversation_pages(state, index)
-        state.warm_return = is_warm_return(now, state.last_done_s)
         directives = self.policy.on_call_start(now, CallInfo(state.sid, index, call.prompt_tokens))
         request = Request(
             next(self._rids),
@@ -371,7 +369,8 @@ class Simulation:
         record = state.call_record
         assert record is not None
         record.done_s = now
-        if state.warm_return:  # counted when answered, as the gateway sees it
+        # A warm return (basin.policy.is_warm_return) counted when answered, as the gateway sees it.
+        if is_warm_return(record.released_s, state.last_done_s):
             self._warm.count(record.prompt_tokens, record.cached_tokens)
         state.last_done_s = now
         record.itl_violating_steps = request.itl_violating_steps
