@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from basin_monitoring.promql import hit_rate, leader, scaled
+from basin_monitoring.promql import DECODE, hit_rate, leader, scaled
 
 # Where docs/runbook.md is published: each alert's runbook_url is this page and the alert's section anchor.
 # The chart's `monitoring.prometheusRule.runbookBaseUrl` replaces the page (a docs mirror, an internal wiki).
@@ -71,10 +71,18 @@ def recording(scale: float = 1) -> list[tuple[str, str]]:
     """(record, expr) pairs; the alerts and the overview dashboard read these."""
     w = {k: scaled(v, scale) for k, v in W.items()}
     return [
-        ("basin:prefix_hit_rate:rate", hit_rate(w["rate"])),
+        # At most 1: a series that appears mid-window (the first host hit) has its rate extrapolated back
+        # to the window's start, and early in a run that pushed the ratio over 1 and the baseline with it.
+        ("basin:prefix_hit_rate:rate", f"clamp_max({hit_rate(w['rate'])}, 1)"),
         (
             "basin:prefix_hit_rate:baseline",
             f"avg_over_time(basin:prefix_hit_rate:rate[{w['baseline']}] offset {w['baseline_offset']})",
+        ),
+        (
+            # TTFT as clients see it: the decode side's, which includes the wait for prefill and transfer.
+            "basin:ttft_seconds:p50",
+            "histogram_quantile(0.5, sum by (namespace, le) "
+            f"(rate(sglang:time_to_first_token_seconds_bucket{{{DECODE}}}[{w['rate']}])))",
         ),
         ("basin:sessions_active:leader", leader("sessions_active")),
         ("basin:sessions_parked:leader", leader("sessions_parked")),
@@ -92,7 +100,11 @@ CLIFF_HIT_FALL = 0.1  # ... while the hit rate fell at least this much over the 
 # ... and active sessions still grow over this window: the trap's loop is feeding (a deployment already
 # draining sessions is recovering, not approaching the cliff).
 CLIFF_RISING = "5m"
-TRAP_HIT_DROP = 0.1  # the trap: hit rate this far below its baseline (the paper's "trapped" label)
+TRAP_HIT_DROP = 0.1  # the trap: hit rate this far below its baseline (the paper's "trapped" label) ...
+# ... while calls are slow: median TTFT above the bound of §7.1's degraded window. A healthy operating point
+# may keep a lower hit rate (BASIN's budget admits while warm returns still hit, and returns from long tool
+# runs miss at any load); the trap is reuse lost *and* the engine degraded.
+TRAP_TTFT_P50_S = 5.0
 FIRST_CALL_WAIT_P90_S = 300  # the paper's degraded-window bound on first-call waits (5 minutes)
 PROFILE_MAX_AGE_S = 7 * 86400
 
@@ -130,14 +142,16 @@ def alerts(scale: float = 1) -> list[Alert]:
                 Condition(
                     "basin:prefix_hit_rate:baseline - basin:prefix_hit_rate:rate", ">=", str(TRAP_HIT_DROP)
                 ),
+                Condition("basin:ttft_seconds:p50", ">", f"{TRAP_TTFT_P50_S:g}"),
                 Condition(f"deriv(basin:sessions_active:leader[{w['trend']}])", ">", "0"),
             ),
             f("10m"),
             "critical",
-            "Cache-trap signature: hit rate far below its baseline while active sessions pile up",
+            "Cache-trap signature: hit rate far below its baseline, calls slow, active sessions piling up",
             f"The prefix hit rate is at least {TRAP_HIT_DROP} below its baseline (the hour before the last "
-            f"{W['baseline_offset']}) and active sessions keep rising: recomputation slows every call, "
-            "sessions live longer and more pile up; the engine will not recover by itself.",
+            f"{W['baseline_offset']}), the median time to first token is above {TRAP_TTFT_P50_S:g} s and "
+            "active sessions keep rising: recomputation slows every call, sessions live longer and more pile "
+            "up; the engine will not recover by itself.",
             "cache-trap",
         ),
         Alert(

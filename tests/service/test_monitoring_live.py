@@ -177,6 +177,7 @@ def _show(run: Run, policy: str) -> None:
     signals = {
         "hit": "basin:prefix_hit_rate:rate",
         "baseline": "basin:prefix_hit_rate:baseline",
+        "ttft50": "basin:ttft_seconds:p50",
         "active": "basin:sessions_active:leader",
         "W/cliff": "basin:working_set_tokens:leader / basin:cliff_tokens:max",
         "fall10m": f"basin:prefix_hit_rate:rate offset {alerts.scaled(alerts.W['trend'], SCALE)}"
