@@ -89,6 +89,22 @@ def test_admission_engages_at_the_reference_budget_and_parks_by_key() -> None:
     assert actions.admit == ["late", "small"]
 
 
+def test_the_budget_engages_at_the_reservations_that_stand_for_a_working_set_of_b0() -> None:
+    """B limits predicted peaks, B0 the working set of current contexts: engaging at B0 itself would park
+    every newcomer until B had climbed past the residents' peaks, though their contexts fit."""
+    policy = controller({f"s{i}": 60_000 for i in range(6)} | {"new": 30_000})
+    for i in range(6):
+        arrive(policy, f"s{i}", 0.0)
+        policy.on_call_end(0.0, CallInfo(f"s{i}", 0, 10_000), 20_000)  # W = 120K, Σ Ŵ = 360K
+    policy.on_control(5.0, telemetry(5.0))
+    assert policy.admit
+    assert policy.budget == pytest.approx(100_000 * 360 / 120)
+    assert arrive(policy, "new", 6.0) is Admission.PARK  # 360K + 30K > 300K
+    for i in range(2):
+        policy.on_session_end(7.0, f"s{i}", completed=True)
+    assert policy.on_control(10.0, telemetry(10.0)).admit == ["new"]  # 240K + 30K fits
+
+
 def test_the_head_enters_when_no_residents_remain_even_if_too_large() -> None:
     policy = controller({"a": 30_000, "huge": 10_000_000})
     arrive(policy, "a", 0.0)

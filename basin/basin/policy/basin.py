@@ -4,7 +4,8 @@
   context over a token rate); the key orders admission, the prefill queue and the decode-memory queue.
 - Admission (Denning's working-set principle): parked and new sessions form one queue by key; the head
   enters while Σ Ŵ of residents + Ŵ_head ≤ B, or when no residents remain. Admission engages at
-  W = N·c̄ ≥ B0 and releases once W < α_R·B0 has held for a cool-down. While engaged, B adapts
+  W = N·c̄ ≥ B0 and releases once W < α_R·B0 has held for a cool-down. B starts at B0·Σ Ŵ/W, the
+  reservations that stand for a working set of B0 (peaks run ahead of contexts). While engaged, B adapts
   page-fault-frequency style within a bounded range around B0: up by a step per Δ (the feedback lag)
   while sessions are parked and reuse is on its healthy plateau, down by a step per control step while
   reuse has deteriorated — also below the residents' Σ Ŵ (it stops entry, it never evicts). Reuse is
@@ -316,7 +317,10 @@ class Basin(Policy):
                 self.admit = False
         if self.admit:
             if math.isinf(self.budget):
-                self.budget = b0
+                # Engage at the reservations that correspond to a working set of B0: B limits Σ Ŵ (peaks),
+                # B0 bounds W (current contexts), and peaks run ahead of contexts. Starting at B0 itself
+                # parked every newcomer until B had climbed past the residents' Σ Ŵ, tens of minutes.
+                self.budget = b0 * max(self.reserved / w, 1.0) if w > 0 else b0
             # Up at most one step per Δ: a rise shows in reuse only once the sessions it let in have made
             # calls. Down at every control step: by the time warm returns miss, the surge is in.
             if deteriorated and now - self.last_adapt >= cfg.fast_interval_s:
