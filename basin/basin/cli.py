@@ -120,6 +120,17 @@ def deployment_options(default: str):  # type: ignore[no-untyped-def]
                     " going first. Default: no limit."
                 ),
             ),
+            click.option(
+                "--waiting-prefix-refresh",
+                "waiting_prefix_refresh",
+                is_flag=True,
+                default=None,
+                help=(
+                    "Keep the cached prefixes of the first 128 requests waiting for prefill recently used"
+                    " (SGLang 0.5.23 refreshes them every 32 scheduling passes by default). Default: off,"
+                    " as calibrated."
+                ),
+            ),
         ]
     )
 
@@ -446,6 +457,7 @@ def simulate(
     router: str | None,
     transfer: str | None,
     state_slots: int | None,
+    waiting_prefix_refresh: bool | None,
     policy: str,
     workload: str,
     seed: int,
@@ -481,6 +493,7 @@ def simulate(
         router=router,
         transfer=transfer,
         state_slots=state_slots,
+        waiting_prefix_refresh=waiting_prefix_refresh,
     )
     if policy not in POLICIES:
         raise BasinError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
@@ -530,6 +543,7 @@ def simulate(
         "router": preset.router,
         "transfer": preset.transfer,
         "state_slots": preset.gpu.recurrent_state_slots,
+        "waiting_prefix_refresh": preset.waiting_prefix_refresh,
         "policy": policy,
         "workload": workload,
         "seed": seed,
@@ -575,6 +589,7 @@ def emulate(
     router: str | None,
     transfer: str | None,
     state_slots: int | None,
+    waiting_prefix_refresh: bool | None,
     lending: bool,
     host: str,
     port: int,
@@ -599,6 +614,7 @@ def emulate(
         router=router,
         transfer=transfer,
         state_slots=state_slots,
+        waiting_prefix_refresh=waiting_prefix_refresh,
     )
     if time_scale <= 0:
         raise BasinError(f"--time-scale must be positive, got {time_scale}")
@@ -1391,6 +1407,7 @@ def trap_map(
     router: str | None,
     transfer: str | None,
     state_slots: int | None,
+    waiting_prefix_refresh: bool | None,
     workload: str,
     tool_time_scale: float,
     shared_prefix: int | None,
@@ -1431,6 +1448,7 @@ def trap_map(
         router=router,
         transfer=transfer,
         state_slots=state_slots,
+        waiting_prefix_refresh=waiting_prefix_refresh,
         workload=workload,
         tool_time_scale=tool_time_scale,
         shared_prefix=shared_prefix,

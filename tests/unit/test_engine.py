@@ -335,3 +335,54 @@ def test_crossflow_holds_decode_kv_while_the_borrowed_prefill_runs() -> None:
         engine.submit(request(rid, 60_000, 20))  # more than decode memory holds: no borrowing
     env.run(1.02)
     assert engine.decodes[0].borrowed is None and engine.counters.borrowed_prefills == 0
+
+
+def _return_after_other_prefills(refresh: bool) -> Request:
+    """A session's next call waits behind six other prompts that together outgrow the prefill cache; each
+    pass refreshes the waiting prefixes (the interval shortened from SGLang's 32 to show the rule)."""
+    gpu = replace(H100, prefill_cache_tokens=40 * PAGE_TOKENS, prefill_chunk_tokens=8 * PAGE_TOKENS)
+    deployment = Deployment("t", gpu, 1, 1, host_tier=0.0, waiting_prefix_refresh=refresh)
+    env, engine, _ = make_engine(deployment)
+    first = request(1, 8 * PAGE_TOKENS, 1)
+    engine.submit(first)
+    env.run(10)
+    engine.submit(request(2, 8 * PAGE_TOKENS, 1, priority=0.0))  # prefill is busy from here on
+    later = request(3, 9 * PAGE_TOKENS, 1, keys=(*first.keys, 999_999), priority=9.0)
+    engine.submit(later)
+    for rid in range(4, 9):
+        engine.submit(request(rid, 8 * PAGE_TOKENS, 1, priority=1.0))
+    env.run(60)
+    assert_idle(engine)
+    return later
+
+
+def test_waiting_prefix_refresh_keeps_a_queued_calls_prefix_from_lru(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang's prefill scheduler re-touches the prefixes of the queue head (`_touch_waiting_prefixes`):
+    the returning call finds its prefix although later prompts filled the cache while it waited. Without
+    the refresh its prefix is the least recently used and goes first."""
+    from basin.sim import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "WAITING_PREFIX_REFRESH_INTERVAL", 1)
+    assert _return_after_other_prefills(refresh=True).cached_tokens == 8 * PAGE_TOKENS
+    assert _return_after_other_prefills(refresh=False).cached_tokens == 0
+
+
+def test_waiting_prefix_refresh_runs_every_32_passes_over_the_first_128(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from basin.sim import engine as engine_module
+    from basin.sim.engine import PrefillInstance
+
+    touched: list[int] = []
+    monkeypatch.setattr(
+        PrefillInstance, "_touch_waiting", lambda self, now: touched.append(len(self.waiting.first(128)))
+    )
+    gpu = replace(H100, prefill_chunk_tokens=PAGE_TOKENS)
+    env, engine, _ = make_engine(Deployment("t", gpu, 1, 1, host_tier=0.0, waiting_prefix_refresh=True))
+    for rid in range(1, 201):
+        engine.submit(request(rid, PAGE_TOKENS, 1))
+    env.run(600)
+    passes = engine.prefills[0].passes
+    assert passes >= 200 and engine_module.WAITING_PREFIX_REFRESH_INTERVAL == 32
+    assert len(touched) == len(range(0, passes, 32))
+    assert max(touched) == 128  # a longer queue refreshes only its first 128

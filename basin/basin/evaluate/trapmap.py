@@ -39,6 +39,7 @@ class MapSpec:
     router: str | None = None
     transfer: str | None = None
     state_slots: int | None = None
+    waiting_prefix_refresh: bool | None = None
     workload: str = "terminal-bench"
     tool_time_scale: float = 1.0
     shared_prefix: int | None = None
@@ -70,6 +71,7 @@ class MapSpec:
             router=self.router,
             transfer=self.transfer,
             state_slots=self.state_slots,
+            waiting_prefix_refresh=self.waiting_prefix_refresh,
         )
 
     @property

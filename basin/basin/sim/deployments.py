@@ -110,6 +110,10 @@ class Deployment:
     decode_prefill: bool = False  # Crossflow: decode instances borrow prefill work under an ITL lease
     crossflow_min_lease_tokens: int = 256  # prefill tokens per mixed step even when decode is slow
     itl_slo_s: float = 0.050  # §7.1
+    # SGLang's prefill scheduler re-touches the cached prefixes of the first 128 waiting requests every
+    # 32 scheduling passes, so LRU spares them while they queue (`SchedulePolicy._touch_waiting_prefixes`,
+    # on by default in SGLang 0.5.23). Off here until the engine is recalibrated with it (issue 15).
+    waiting_prefix_refresh: bool = False
 
     @property
     def transfer(self) -> str:

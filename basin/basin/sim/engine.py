@@ -101,6 +101,12 @@ class EngineObserver(Protocol):
     def on_request_done(self, request: Request, now: float) -> None: ...
 
 
+# SGLang 0.5.23, sglang/srt/managers/schedule_policy.py: how many waiting requests have their prefixes
+# refreshed, and every how many scheduling passes (`Deployment.waiting_prefix_refresh`).
+WAITING_QUEUE_PREFIX_MATCH_MAX = 128
+WAITING_PREFIX_REFRESH_INTERVAL = 32
+
+
 class _Queue:
     """A priority queue of requests (FIFO among equal priorities) that skips removed entries."""
 
@@ -132,6 +138,11 @@ class _Queue:
         self.tokens -= request.prompt_tokens
         return request
 
+    def first(self, count: int) -> list[Request]:
+        """The first `count` members in queue order."""
+        entries = (entry for entry in self._heap if entry[1].rid in self._members)
+        return [request for _, request in heapq.nsmallest(count, entries)]
+
     def ordered(self) -> list[Request]:
         """Members in queue order (for scans that may remove one)."""
         return [r for _, r in sorted(self._heap) if r.rid in self._members]
@@ -162,6 +173,8 @@ class PrefillInstance:
         self.busy = False
         self.backlog_tokens = 0  # uncached tokens still to compute, estimated at enqueue
         self.pins: dict[str, tuple[Node, float, Timer]] = {}  # session -> (locked node, rank, expiry)
+        self.refresh_waiting = deployment.waiting_prefix_refresh
+        self.passes = 0  # forward passes scheduled (the waiting-prefix refresh counts them)
 
     def enqueue(self, request: Request) -> None:
         request.state = "prefill_wait"
@@ -209,6 +222,10 @@ class PrefillInstance:
     def _run_chunk(self) -> None:
         """Fill one forward pass of up to `prefill_chunk_tokens` new tokens and schedule its end."""
         env, gpu = self.engine.env, self.gpu
+        if self.refresh_waiting:
+            if self.passes % WAITING_PREFIX_REFRESH_INTERVAL == 0:
+                self._touch_waiting(env.now)
+            self.passes += 1
         budget = gpu.prefill_chunk_tokens
         seconds = gpu.prefill_chunk_overhead_s
         portions: list[tuple[Request, int]] = []
@@ -237,6 +254,12 @@ class PrefillInstance:
             seconds += prefill_seconds(gpu, take, request.position)
         self.busy = True
         env.schedule(seconds, self._chunk_done, portions)
+
+    def _touch_waiting(self, now: float) -> None:
+        """Mark the queue head's cached prefixes used, the head last so that LRU evicts the prefixes of
+        later requests first (SGLang's waiting-prefix refresh)."""
+        for request in reversed(self.waiting.first(WAITING_QUEUE_PREFIX_MATCH_MAX)):
+            self.cache.match(request.keys, now, reusable=False)
 
     def _chunk_done(self, portions: list[tuple[Request, int]]) -> None:
         now = self.engine.env.now
