@@ -371,12 +371,17 @@ def test_waiting_prefix_refresh_runs_every_32_passes_over_the_first_128(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from basin.sim import engine as engine_module
-    from basin.sim.engine import PrefillInstance
+    from basin.sim.engine import _Queue
 
-    touched: list[int] = []
-    monkeypatch.setattr(
-        PrefillInstance, "_touch_waiting", lambda self, now: touched.append(len(self.waiting.first(128)))
-    )
+    touched: list[int] = []  # how many waiting requests each refresh walked
+    first = _Queue.first
+
+    def spy(queue: _Queue, count: int) -> list[Request]:
+        head = first(queue, count)
+        touched.append(len(head))
+        return head
+
+    monkeypatch.setattr(_Queue, "first", spy)
     gpu = replace(H100, prefill_chunk_tokens=PAGE_TOKENS)
     env, engine, _ = make_engine(Deployment("t", gpu, 1, 1, host_tier=0.0, waiting_prefix_refresh=True))
     for rid in range(1, 201):
