@@ -1387,6 +1387,13 @@ def report_command(
 )
 @click.option("--seeds", default="0-11", show_default=True, help="Seeds: A-B, N, or a comma list of them.")
 @click.option(
+    "--offered",
+    is_flag=True,
+    help="Also run every cell's arrivals on an engine that never runs out of cache or KV memory and report"
+    " the peak working set (over the cache) and active sessions they bring: each seed's demand, apart"
+    " from how the engine copes (twice the runs).",
+)
+@click.option(
     "--jobs", type=click.IntRange(min=1), default=None, help="Worker processes [default: the CPU count]."
 )
 @click.option(
@@ -1417,6 +1424,7 @@ def trap_map(
     surge_minutes: float,
     duration_min: float,
     seeds: str,
+    offered: bool,
     jobs: int | None,
     json_out: str | None,
     plot_out: str | None,
@@ -1455,6 +1463,7 @@ def trap_map(
         surge_start_min=surge_start_min,
         surge_minutes=surge_minutes,
         duration_min=duration_min,
+        offered=offered,
     )
     spec.validate()
     spec.deployment_model()  # an unknown deployment or option fails here, not in a worker
@@ -1480,10 +1489,19 @@ def trap_map(
         "trapped: late hit",
         "trapped: late TTFT (s)",
         "goodput /h",
+        *(("offered peak W/C", "offered peak sessions") if offered else ()),
     ):
         table.add_column(column, justify="left" if "seeds" in column or "states" in column else "right")
     for cell in trapmap.cells(outcomes):
         others = {k: v for k, v in cell.labels.items() if k != "trapped"}
+        demand = (
+            (
+                "{:.2f} [{:.2f}–{:.2f}]".format(*cell.spread("offered_peak_working_set")),
+                "{:.0f} [{:.0f}–{:.0f}]".format(*cell.spread("offered_peak_sessions")),
+            )
+            if offered
+            else ()
+        )
         table.add_row(
             f"{cell.base_rate:g}",
             trapmap.surge_name(cell.surge_factor),
@@ -1494,6 +1512,7 @@ def trap_map(
             _format_optional(cell.median("hit_rate_late", trapped_only=True), "{:.2f}"),
             _format_optional(cell.median("median_ttft_late_s", trapped_only=True), "{:.0f}"),
             f"{cell.median('goodput_sessions_per_h'):.0f}",
+            *demand,
         )
     _console().print(table)
     if plot_out:

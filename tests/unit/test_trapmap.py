@@ -1,5 +1,6 @@
 """`basin trap-map` (paper §4, Fig. 7): how often a surge traps HiCache alone, counted over seeds."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -80,3 +81,30 @@ def test_state_slots_cut_reuse_in_simulate() -> None:
     # 40 snapshots for ~45 active sessions: a returning session often finds its prompt's pages cached
     # but its recurrent state gone, and must recompute (paper §2).
     assert hit("--state-slots", "40") < hit() - 0.05
+
+
+def test_offered_demand_is_the_arrivals_on_an_engine_that_never_binds() -> None:
+    from basin.policy import make_policy
+    from basin.sim import Simulation, SimulationConfig
+    from basin.workload import RateSchedule, load_workload
+
+    spec = trapmap.MapSpec("h100-1p1d", (3.3,), (1.0, 3.0), (2, 3), duration_min=60, offered=True)
+    outcomes = trapmap.run_map(spec, jobs=2)
+    control = {o.seed: o for o in outcomes if o.surge_factor == 1.0}
+    surge = {o.seed: o for o in outcomes if o.surge_factor == 3.0}
+    for seed in (2, 3):
+        assert surge[seed].label == "trapped"  # the engine copes badly with a +200 % surge…
+        # …which adds ~66 sessions in 10 minutes to the ~45 of the base load: the demand shows it.
+        assert surge[seed].offered_peak_sessions > control[seed].offered_peak_sessions + 20
+        assert surge[seed].offered_peak_working_set > control[seed].offered_peak_working_set + 0.5
+        assert 1.0 < control[seed].offered_peak_working_set < 3.0  # the calibrated base load nears 2x C
+    # The never-binding engine keeps the prefixes of the very arrivals that trap the real one.
+    deployment = spec.deployment_model()
+    schedule = RateSchedule(3.3, 60, surge_factor=3.0, surge_start_min=15, surge_minutes=10)
+    pool = load_workload("terminal-bench", seed=3)
+    config = SimulationConfig(trapmap.never_binding(deployment), schedule, seed=3)
+    summary = Simulation(config, make_policy("hicache"), pool).run().summary
+    assert summary.label == "healthy"
+    assert summary.hit_rate_late > 0.9
+    plain = trapmap.run_map(dataclasses.replace(spec, offered=False, seeds=(3,), surge_factors=(1.0,)))
+    assert plain[0].offered_peak_sessions is None and plain[0].offered_peak_working_set is None

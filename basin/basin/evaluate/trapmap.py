@@ -5,6 +5,11 @@ Near the tipping point a surge's outcome depends on which sessions happen to be 
 (docs/simulator.md), so one run per cell says little. A cell counts the seeds whose run ends trapped
 (§7.1's label), names them, and describes the trapped runs (late hit rate, median TTFT). The calibration
 table of docs/simulator.md (h100-1p1d at 3.3 sessions/min, seeds 0–11) is one row of such a map.
+
+`offered` also runs every cell's arrivals on an engine that never runs out of cache or KV memory and
+records the peak working set and the peak number of active sessions they bring: the demand each seed puts
+on the engine, apart from how the engine copes. A surge whose offered peak stays within the control's
+own excursions cannot trap reliably by the working set alone (docs/simulator.md, "Known gaps").
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -46,6 +51,7 @@ class MapSpec:
     surge_start_min: float = 15.0
     surge_minutes: float = 10.0
     duration_min: float = 120.0
+    offered: bool = False  # also measure every run's demand on an engine that never binds
 
     def validate(self) -> None:
         if not self.base_rates or min(self.base_rates) <= 0:
@@ -89,6 +95,24 @@ class Outcome:
     hit_rate_late: float
     median_ttft_late_s: float
     goodput_sessions_per_h: float
+    # With `offered`: the peak working set over the prefix cache (its larger tier, as the run's records
+    # compare it) and the peak active sessions that the same arrivals bring to an engine that never
+    # binds (None without it).
+    offered_peak_working_set: float | None = None
+    offered_peak_sessions: int | None = None
+
+
+def never_binding(deployment: Deployment) -> Deployment:
+    """The same engine with a prefix cache and decode memory no run fills: no eviction, no waiting for
+    memory, so sessions live their unloaded lifetimes (prefill and decode keep their speeds)."""
+    unbounded = 1 << 40
+    gpu = replace(
+        deployment.gpu,
+        prefill_cache_tokens=unbounded,
+        decode_kv_tokens=unbounded,
+        recurrent_state_slots=None,
+    )
+    return replace(deployment, gpu=gpu, host_tier=0.0)
 
 
 def run_one(spec: MapSpec, base_rate: float, factor: float, seed: int) -> Outcome:
@@ -111,6 +135,13 @@ def run_one(spec: MapSpec, base_rate: float, factor: float, seed: int) -> Outcom
     )
     config = SimulationConfig(deployment, schedule, seed=seed)
     summary = Simulation(config, make_policy("hicache"), pool).run().summary
+    offered_ws, offered_sessions = None, None
+    if spec.offered:
+        config = SimulationConfig(never_binding(deployment), schedule, seed=seed)
+        samples = Simulation(config, make_policy("hicache"), pool).run().records.samples
+        cache = max(deployment.prefill_cache_tokens, deployment.host_cache_tokens)  # as the run's records
+        offered_ws = max(s.working_set_tokens for s in samples) / cache
+        offered_sessions = max(s.active_sessions for s in samples)
     return Outcome(
         base_rate,
         factor,
@@ -120,6 +151,8 @@ def run_one(spec: MapSpec, base_rate: float, factor: float, seed: int) -> Outcom
         summary.hit_rate_late,
         summary.median_ttft_late_s,
         summary.goodput_sessions_per_h,
+        offered_ws,
+        offered_sessions,
     )
 
 
@@ -163,6 +196,13 @@ class Cell:
         runs = self.trapped if trapped_only else self.outcomes
         values = [getattr(o, field) for o in runs if not math.isnan(getattr(o, field))]
         return float(np.median(values)) if values else math.nan
+
+    def spread(self, field: str) -> tuple[float, float, float]:
+        """(median, min, max) of an offered-demand field over the seeds; NaNs when it was not measured."""
+        values = [getattr(o, field) for o in self.outcomes if getattr(o, field) is not None]
+        if not values:
+            return math.nan, math.nan, math.nan
+        return float(np.median(values)), float(min(values)), float(max(values))
 
 
 def cells(outcomes: Sequence[Outcome]) -> list[Cell]:
