@@ -43,7 +43,7 @@ def step_ms(policy: Basin, steps: int) -> float:
     times = []
     for k in range(steps):
         now = start_now + 5.0 * k
-        telemetry = Telemetry(now, policy.residents, len(policy.parked), 0, 0.9, 0, 0, 0, 10**9, 0, 1.0)
+        telemetry = Telemetry(now, policy.residents, len(policy.parked), 0, 0.9, 0, 0, 0, 10**9, 0)
         begin = time.perf_counter()
         policy.on_control(now, telemetry)
         times.append(time.perf_counter() - begin)

@@ -257,7 +257,6 @@ class Brain:
             decode_kv_used_tokens=reading.decode_kv_used_tokens,
             decode_kv_capacity_tokens=reading.decode_kv_capacity_tokens,
             lent_tokens=reading.lent_tokens,
-            arrivals_per_min=self.arrived / (now / 60) if now > 0 else 0.0,
             warm_hit_rate=self.warm.take(stand_in=reading.hit_rate),
         )
 

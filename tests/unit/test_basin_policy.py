@@ -43,7 +43,6 @@ def telemetry(now: float, **changes: float) -> Telemetry:
         decode_kv_used_tokens=0,
         decode_kv_capacity_tokens=400_000,
         lent_tokens=0,
-        arrivals_per_min=1.0,
     )
     values.update(changes)
     return Telemetry(**values)  # type: ignore[arg-type]

@@ -8,7 +8,7 @@ from basin.policy.base import ControlActions, Policy
 
 
 def telemetry(now: float, hit: float = 0.95, used: int = 0) -> Telemetry:
-    return Telemetry(now, 0, 0, 0, hit, 0, 0, used, 1000, 0, 1.0)
+    return Telemetry(now, 0, 0, 0, hit, 0, 0, used, 1000, 0)
 
 
 def _admitted(n: int) -> Concur:

@@ -46,7 +46,7 @@ def test_queueing_delay_lengthens_the_ttl_and_pins_what_reload_alone_would_not()
     big = 600_000  # 60 % of the cache: holding it costs more than the reload is worth
     assert policy.ttl(big) == 0.0
     quiet = policy.ttl(100_000)
-    backlog = Telemetry(0.0, 0, 0, 0, 0.9, 600_000, 0, 0, 1, 0, 1.0)  # 20 s of prefill queued
+    backlog = Telemetry(0.0, 0, 0, 0, 0.9, 600_000, 0, 0, 1, 0)  # 20 s of prefill queued
     policy.on_control(0.0, backlog)
     assert policy.queue_delay_s == 20.0
     assert policy.ttl(big) > 0.0

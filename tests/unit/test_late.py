@@ -16,7 +16,7 @@ PROFILE = DeploymentProfile(
 
 
 def telemetry(now: float) -> Telemetry:
-    return Telemetry(now, 0, 0, 0, 0.9, 0, 0, 0, 400_000, 0, 1.0)
+    return Telemetry(now, 0, 0, 0, 0.9, 0, 0, 0, 400_000, 0)
 
 
 def test_hicache_until_the_start_then_the_inner_policy_with_live_sessions() -> None:

@@ -5,7 +5,7 @@ from basin.policy import Admission, CallInfo, SessionInfo, Telemetry, ThunderAge
 
 
 def telemetry(now: float) -> Telemetry:
-    return Telemetry(now, 0, 0, 0, 0.9, 0, 0, 0, 1000, 0, 1.0)
+    return Telemetry(now, 0, 0, 0, 0.9, 0, 0, 0, 1000, 0)
 
 
 def test_accounting_admission_pausing_and_resuming() -> None:

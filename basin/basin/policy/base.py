@@ -95,7 +95,6 @@ class Telemetry:
     decode_kv_used_tokens: int
     decode_kv_capacity_tokens: int
     lent_tokens: int
-    arrivals_per_min: float  # long-run arrival rate of new sessions
     # Prefix hit rate of warm returns since the previous snapshot: calls whose session's previous call ended
     # less than WARM_RETURN_S before (NaN when none started prefill).
     warm_hit_rate: float = float("nan")

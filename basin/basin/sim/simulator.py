@@ -136,7 +136,6 @@ class Simulation:
         self._hit_cached = 0
         self._hit_prompt = 0
         self._warm = WarmReturns()
-        self._arrived = 0
         self._reference: dict[str, float] = {}
 
     # ------------------------------------------------------------------ run
@@ -224,7 +223,6 @@ class Simulation:
         )
 
     def _arrive(self, arrival: Arrival) -> None:
-        self._arrived += 1
         state = self._new_state(arrival)
         decision = self.policy.on_session_arrival(self.env.now, self._info(state))
         if decision is Admission.ADMIT:
@@ -414,9 +412,8 @@ class Simulation:
         engine = self.engine
         hit = self._hit_cached / self._hit_prompt if self._hit_prompt else float("nan")
         self._hit_cached = self._hit_prompt = 0
-        now = self.env.now
         return Telemetry(
-            now=now,
+            now=self.env.now,
             active_sessions=len(self.active),
             parked_sessions=len(self.parked),
             working_set_tokens=self.working_set,
@@ -427,7 +424,6 @@ class Simulation:
             decode_kv_used_tokens=engine.decode_used_tokens(),
             decode_kv_capacity_tokens=engine.decode_capacity_tokens(),
             lent_tokens=engine.lent_tokens(),
-            arrivals_per_min=self._arrived / (now / 60) if now > 0 else 0.0,
         )
 
     def _control(self) -> None:
