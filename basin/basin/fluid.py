@@ -83,7 +83,7 @@ class FluidParameters:
             new_tokens=float(np.mean(news)),
             context_tokens=float(np.average(contexts, weights=weights)),
             output_tokens=output,
-            cache_tokens=float(max(deployment.prefill_cache_tokens, deployment.host_cache_tokens)),
+            cache_tokens=float(deployment.cache_tokens),
             decode_kv_tokens=float(deployment.decode_kv_tokens),
             prefill_tokens_per_s=deployment.prefill_instances / per_token,
             decode_requests_fit=float(per_instance * deployment.decode_instances),

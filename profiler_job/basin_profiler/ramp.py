@@ -351,7 +351,7 @@ class LiveRun:
 
     async def run(self) -> ProfileDocument:
         s, p = self.settings, self.plan
-        cache_tokens = max(s.deployment.prefill_cache_tokens, s.deployment.host_cache_tokens)
+        cache_tokens = s.deployment.cache_tokens
         self._deadline = time.monotonic() + s.budget_minutes * 60
         kappas, lambda_cs, samples, steps = [], [], [], []
         fixed = s.step_minutes is not None

@@ -15,6 +15,7 @@ import pytest
 from basin.evaluate import Summary
 from basin.policy import make_policy
 from basin.sim import Simulation, SimulationConfig, get_deployment
+from basin.sim.costs import prefill_seconds
 from basin.workload import RateSchedule, load_workload
 
 SEEDS = range(12)
@@ -41,9 +42,8 @@ def run(factor: float, seed: int, terminate: bool = False, rate: float = 3.3, mi
     deployment = get_deployment("h100-1p1d")
     config = SimulationConfig(deployment, schedule, seed=seed, terminate_surge_sessions=terminate)
     result = Simulation(config, make_policy("hicache"), pool).run()
-    gpu = deployment.gpu
     # Prefill capacity at the Terminal-Bench median prompt (25.6K tokens, §3): ~31K tokens/s.
-    capacity = 1 / (gpu.prefill_s_per_token + 25_600 * gpu.prefill_s_per_token_position)
+    capacity = 1 / prefill_seconds(deployment.gpu, 1, 25_600)
     start, end = BASE_WINDOW_S
     uncached = sum(
         c.uncached_tokens

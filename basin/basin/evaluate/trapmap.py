@@ -95,9 +95,8 @@ class Outcome:
     hit_rate_late: float
     median_ttft_late_s: float
     goodput_sessions_per_h: float
-    # With `offered`: the peak working set over the prefix cache (its larger tier, as the run's records
-    # compare it) and the peak active sessions that the same arrivals bring to an engine that never
-    # binds (None without it).
+    # With `offered`: the peak working set over the deployment's `cache_tokens` and the peak active
+    # sessions that the same arrivals bring to an engine that never binds (None without it).
     offered_peak_working_set: float | None = None
     offered_peak_sessions: int | None = None
 
@@ -139,8 +138,7 @@ def run_one(spec: MapSpec, base_rate: float, factor: float, seed: int) -> Outcom
     if spec.offered:
         config = SimulationConfig(never_binding(deployment), schedule, seed=seed)
         samples = Simulation(config, make_policy("hicache"), pool).run().records.samples
-        cache = max(deployment.prefill_cache_tokens, deployment.host_cache_tokens)  # as the run's records
-        offered_ws = max(s.working_set_tokens for s in samples) / cache
+        offered_ws = max(s.working_set_tokens for s in samples) / deployment.cache_tokens
         offered_sessions = max(s.active_sessions for s in samples)
     return Outcome(
         base_rate,

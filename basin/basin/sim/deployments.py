@@ -132,6 +132,12 @@ class Deployment:
     def decode_kv_tokens(self) -> int:
         return self.gpu.decode_kv_tokens * self.decode_instances
 
+    @property
+    def cache_tokens(self) -> int:
+        """C = max(C_G, C_H), the cache a working set is measured against: write-through keeps every GPU
+        page on the host tier too, so the larger tier bounds what reuse can hold."""
+        return max(self.prefill_cache_tokens, self.host_cache_tokens)
+
     def with_options(self, **changes: object) -> Deployment:
         deployment = replace(self, **changes)  # type: ignore[arg-type]
         deployment.validate()

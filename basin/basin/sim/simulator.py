@@ -121,7 +121,7 @@ class Simulation:
             duration_s=self.duration_s,
             trigger_s=schedule.surge_start_min * 60 if schedule.surge_minutes > 0 else None,
             trigger_end_s=schedule.surge_end_min * 60 if schedule.surge_minutes > 0 else None,
-            cache_tokens=max(config.deployment.prefill_cache_tokens, config.deployment.host_cache_tokens),
+            cache_tokens=config.deployment.cache_tokens,
         )
         self.sessions: dict[str, SessionState] = {}
         self.parked: dict[str, SessionState] = {}
