@@ -361,12 +361,8 @@ def workload_export(
 ) -> None:
     """Write a workload as a session file (one JSON session per line, see docs/session-file.md)."""
     from basin.workload import load_workload, write_sessions
-    from basin.workload.transforms import share_prefix
 
-    loaded = load_workload(workload, seed, tool_time_scale, output_scale, sessions)
-    if shared_prefix is not None:
-        _check_shareable(loaded, workload)
-        loaded = [share_prefix(session, shared_prefix) for session in loaded]
+    loaded = load_workload(workload, seed, tool_time_scale, output_scale, sessions, shared_prefix)
     if out == "-":
         write_sessions(loaded, sys.stdout)
         return
@@ -376,13 +372,6 @@ def workload_export(
         count = write_sessions(loaded, handle)
     tmp.replace(path)  # never leave a half-written session file behind
     click.echo(f"wrote {count} sessions to {path}", err=True)
-
-
-def _check_shareable(sessions: list, workload: str) -> None:  # type: ignore[type-arg]
-    """`--shared-prefix` needs prompts keyed by the simulator, not by a trace's blocks."""
-    if any(call.blocks for session in sessions for call in session.calls):
-        # The simulator keys such prompts by their blocks: they already say what sessions share.
-        raise BasinError(f"--shared-prefix: {workload} names its prompts' blocks (what is shared)")
 
 
 def _float_list(text: str, option: str) -> tuple[float, ...]:
@@ -1315,8 +1304,23 @@ def evaluate_command(suite: str, seed: int, json_out: str | None, plot_out: str 
     default=None,
     help="Re-render the report from a --json file instead of running.",
 )
+@click.option(
+    "--shared-prefix",
+    "shared_prefix",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="TOKENS",
+    help="Open every session's first prompt with the same TOKENS tokens, shared across sessions in the"
+    " prefix cache, in every run and profile ramp.",
+)
 def report_command(
-    seeds: str, suites: str, jobs: int | None, out: str, json_out: str | None, from_json: str | None
+    seeds: str,
+    suites: str,
+    jobs: int | None,
+    out: str,
+    json_out: str | None,
+    from_json: str | None,
+    shared_prefix: int | None,
 ) -> None:
     """Every evaluation suite over several seeds: goodput mean [min–max], run states and BASIN's margin
     over the strongest baseline, beside the paper's figure for each cell (docs/evaluation.md)."""
@@ -1330,6 +1334,8 @@ def report_command(
         if path and path != "-":
             _writable(path)
     if from_json:
+        if shared_prefix is not None:
+            raise BasinError("--shared-prefix applies to runs; --from-json re-renders the file's own")
         try:
             data = report.check_payload(json.loads(Path(from_json).read_text()))
         except json.JSONDecodeError as error:
@@ -1342,8 +1348,10 @@ def report_command(
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, disable=json_out == "-" or out == "-") as progress:
             task = progress.add_task(f"{len(seed_list)} seeds × {', '.join(suite_list)}: runs", total=total)
-            rows = report.run_report(suite_list, seed_list, jobs, advance=lambda n: progress.advance(task, n))
-        data = report.payload(rows, suite_list, seed_list, measured_on)
+            rows = report.run_report(
+                suite_list, seed_list, jobs, lambda n: progress.advance(task, n), shared_prefix
+            )
+        data = report.payload(rows, suite_list, seed_list, measured_on, shared_prefix)
     _write_json(data, json_out)
     text = report.render(data)
     if out == "-":
@@ -1443,9 +1451,8 @@ def trap_map(
     for path in (json_out, plot_out):
         if path and path != "-":
             _writable(path)
-    sessions = load_workload(workload, 0, tool_time_scale)  # a bad workload fails here, not in a worker
-    if shared_prefix is not None:
-        _check_shareable(sessions, workload)
+    # A bad workload, or a shared prefix it cannot take, fails here, not in a worker.
+    load_workload(workload, 0, tool_time_scale, shared_prefix=shared_prefix)
     spec = trapmap.MapSpec(
         deployment=deployment,
         base_rates=_float_list(base_rates, "--base-rates"),

@@ -134,6 +134,7 @@ def simulate_ramp(
     workload: str = "terminal-bench",
     host_tier: float | None = None,
     tool_time_scale: float = 1.0,
+    shared_prefix: int | None = None,
 ) -> list[RampSample]:
     """Run one stepped ramp in the simulator; each step is sampled over its final third (settled)."""
     from basin.policy import make_policy
@@ -143,7 +144,7 @@ def simulate_ramp(
 
     deployment = get_deployment(deployment_name, host_tier=host_tier)
     schedule = StepSchedule(tuple(rates), step_minutes)
-    pool = load_workload(workload, seed=seed, tool_time_scale=tool_time_scale)
+    pool = load_workload(workload, seed=seed, tool_time_scale=tool_time_scale, shared_prefix=shared_prefix)
     sim = Simulation(SimulationConfig(deployment, schedule, seed=seed), make_policy("hicache"), pool)
     result = sim.run()
     records = result.records
@@ -180,11 +181,13 @@ def profile_simulated(
     progress: Callable[[int], None] | None = None,
     tool_time_scale: float = 1.0,
     require_cliff: bool = True,
+    shared_prefix: int | None = None,
 ) -> Profile:
     """κ and λc of a deployment from `ramps` simulated ramps (seeds seed, seed+1, ...). The ramp spans
     0.4x to 2x the fluid model's departure peak, so it crosses the cliff where there is one; with
     `require_cliff=False` a ramp that stays on the plateau (a decode-first deployment) gives κ = 1.
-    `step_minutes` defaults to `settle_step_minutes` (three mean session lifetimes)."""
+    `step_minutes` defaults to `settle_step_minutes` (three mean session lifetimes); `shared_prefix` as in
+    `load_workload`."""
     from basin.fluid import FluidModel, FluidParameters, analyze
     from basin.sim import get_deployment
     from basin.workload import load_workload
@@ -192,7 +195,7 @@ def profile_simulated(
     if ramps < 1 or steps < 3:
         raise BasinError("need at least 1 ramp of at least 3 steps")
     deployment = get_deployment(deployment_name, host_tier=host_tier)
-    pool = load_workload(workload, seed=seed, tool_time_scale=tool_time_scale)
+    pool = load_workload(workload, seed=seed, tool_time_scale=tool_time_scale, shared_prefix=shared_prefix)
     if step_minutes is None:
         step_minutes = settle_step_minutes(deployment_name, pool, host_tier)
     model = FluidModel(FluidParameters.from_workload(deployment, pool))
@@ -201,7 +204,14 @@ def profile_simulated(
     kappas, lambda_cs, all_samples = [], [], []
     for ramp in range(ramps):
         samples = simulate_ramp(
-            deployment_name, rates, step_minutes, seed + ramp, workload, host_tier, tool_time_scale
+            deployment_name,
+            rates,
+            step_minutes,
+            seed + ramp,
+            workload,
+            host_tier,
+            tool_time_scale,
+            shared_prefix,
         )
         try:
             kappas.append(fit_kappa(samples))

@@ -165,10 +165,14 @@ def test_small_real_run(monkeypatch: pytest.MonkeyPatch) -> None:
     json.dumps(rows, allow_nan=False)
 
 
-def _fake_rows(scenario: Scenario, systems: tuple[System, ...], seed: int) -> list[suites.Row]:
-    """Instant rows in place of simulations, so the process pool and the CLI's run path are tested fast."""
+def _fake_rows(
+    scenario: Scenario, systems: tuple[System, ...], seed: int, shared_prefix: int | None = None
+) -> list[suites.Row]:
+    """Instant rows in place of simulations, so the process pool and the CLI's run path are tested fast;
+    a shared prefix adds its thousands of tokens to the goodput, so a test sees that it arrived."""
+    extra = (shared_prefix or 0) / 1000
     return [
-        suites.Row(scenario.name, s.name, 100.0 * (seed + 1) / (i + 1), 1.0, 0.0, 1.0, 0.0, "healthy")
+        suites.Row(scenario.name, s.name, 100.0 * (seed + 1) / (i + 1) + extra, 1.0, 0.0, 1.0, 0.0, "healthy")
         for i, s in enumerate(systems)
     ]
 
@@ -196,3 +200,49 @@ def test_cli_run_writes_report_and_json(monkeypatch: pytest.MonkeyPatch, tmp_pat
     assert out.read_text() == report.render(data)
     assert "| 150 [100–200] | healthy 2/2 |" in _line(text, "1P3D x5 surge", "BASIN")
     assert "Not in this report: main" in text
+
+
+def test_cli_shared_prefix_reaches_every_run_and_is_named_in_the_report(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from basin.cli import cli
+
+    monkeypatch.setattr(report, "scenario_rows", _fake_rows)  # forked workers inherit the patch
+    out, rows = tmp_path / "report.md", tmp_path / "rows.json"
+    args = ["report", "--seeds", "0-1", "--suites", "headline", "--jobs", "2", "--out", str(out)]
+    result = CliRunner().invoke(cli, [*args, "--shared-prefix", "8192", "--json", str(rows)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(rows.read_text())
+    assert data["shared_prefix"] == 8192
+    (scenario,), systems = suites.SUITES["headline"]
+    expected = [_fake_rows(scenario, systems, seed, 8192) for seed in (0, 1)]
+    assert [r["goodput_sessions_per_h"] for r in data["rows"]] == [
+        row.goodput_sessions_per_h for rows_of_seed in expected for row in rows_of_seed
+    ]
+    text = out.read_text()
+    assert text == report.render(data)
+    assert "same 8,192-token prefix" in text and "--shared-prefix 8192 --out FILE" in text
+    plain = report.render({**data, "shared_prefix": None})
+    assert "prefix" not in plain.split("Goodput is")[0] and "--out docs/evaluation.md" in plain
+
+
+@pytest.mark.parametrize("value", [-1, "8K", True, 1.5])
+def test_from_json_rejects_a_bad_shared_prefix(value: object, tmp_path: Path, data: dict) -> None:
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps({**data, "shared_prefix": value}))
+    with pytest.raises(BasinError, match="shared_prefix must be a token count"):
+        report.check_payload(json.loads(path.read_text()))
+
+
+def test_shared_prefix_with_from_json_is_one_line_exit_2(tmp_path: Path, data: dict) -> None:
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps(data))
+    run = subprocess.run(
+        [BASIN, "report", "--from-json", str(path), "--shared-prefix", "8192", "--out", "-"],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 2 and run.stderr.count("\n") == 1
+    assert "--shared-prefix applies to runs" in run.stderr

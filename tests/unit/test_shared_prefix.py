@@ -57,3 +57,30 @@ def test_replay_prompts_open_with_the_same_ids_and_nothing_else_in_common() -> N
 def test_the_prompt_length_is_kept(shared: int) -> None:
     (session,) = _pool(shared)[:1]
     assert len(_opening(session, np.random.default_rng(0), 3_000)) == 3_000
+
+
+def test_load_workload_shares_a_prefix_and_refuses_what_cannot_take_one(tmp_path) -> None:
+    """`load_workload(shared_prefix=...)` is the one place every command adds the prefix: a synthetic pool
+    gets it in every session (all of a shorter first prompt); a negative size or a trace whose blocks
+    already say what is shared is a one-line user error."""
+    import json
+
+    from basin.errors import BasinError
+    from basin.workload import load_workload
+
+    pool = load_workload("terminal-bench", seed=0, sessions=40, shared_prefix=12_000)
+    assert {s.shared_prefix_tokens for s in pool} == {min(12_000, s.first_prompt_tokens) for s in pool}
+    assert any(s.shared_prefix_tokens == 12_000 for s in pool)
+    assert any(s.shared_prefix_tokens < 12_000 for s in pool)  # a first prompt shorter than the prefix
+    assert all(s.shared_prefix_tokens == 0 for s in load_workload("terminal-bench", seed=0, sessions=40))
+    with pytest.raises(BasinError, match="--shared-prefix must not be negative"):
+        load_workload("terminal-bench", shared_prefix=-1)
+    trace = tmp_path / "trace.jsonl"
+    rows = [
+        {"timestamp": 0, "input_length": 1500, "output_length": 100, "hash_ids": [7, 1, 2]},
+        {"timestamp": 30_000, "input_length": 2100, "output_length": 50, "hash_ids": [7, 1, 3, 4, 5]},
+    ]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert load_workload(str(trace))  # loads without one
+    with pytest.raises(BasinError, match="names its prompts' blocks"):
+        load_workload(str(trace), shared_prefix=1024)

@@ -107,7 +107,7 @@ def test_post_surge_rate_reaches_the_schedule(monkeypatch: pytest.MonkeyPatch) -
             raise StopIteration
 
     monkeypatch.setattr("basin.sim.Simulation", Spy)
-    monkeypatch.setattr(suites, "profile_for", lambda scenario, seed: (1.0, 10.0))
+    monkeypatch.setattr(suites, "profile_for", lambda scenario, seed, shared_prefix: (1.0, 10.0))
     scenario = suites.Scenario("x", "h100-1p1d", 0.0, None, 4.0, 10.0, post_surge_fraction=0.3)
     with pytest.raises(StopIteration):
         suites.run_scenario(scenario, suites.System("HiCache alone", "hicache"), 0)
@@ -134,3 +134,33 @@ def test_tools_x3_scenarios_run_two_and_a_half_hours_and_have_their_panels() -> 
     assert all(s.base_fraction == 0.66 and s.surge_minutes == 20.0 for s in panel)
     steady, _ = suites.SUITES["steady"]
     assert len([s for s in steady if s.tool_time_scale == 3.0]) == 4
+
+
+def test_a_shared_prefix_reaches_the_profile_and_every_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`basin report --shared-prefix`: the runs and the profile ramps that set their base rate both see it."""
+    seen: dict = {}
+
+    class Spy:
+        def __init__(self, config, policy, pool):
+            seen["shared"] = {min(s.shared_prefix_tokens, 4096) for s in pool}
+            seen["all_or_whole_first"] = all(
+                s.shared_prefix_tokens in (4096, s.first_prompt_tokens) for s in pool
+            )
+
+        def run(self):
+            raise StopIteration
+
+    def profile(scenario, seed, shared_prefix):
+        seen["profiled_with"] = shared_prefix
+        return (1.0, 10.0)
+
+    monkeypatch.setattr("basin.sim.Simulation", Spy)
+    monkeypatch.setattr(suites, "profile_for", profile)
+    scenario = suites.Scenario("x", "h100-1p1d", 0.0, None, 2.0, 10.0)
+    with pytest.raises(StopIteration):
+        suites.run_scenario(scenario, suites.System("HiCache alone", "hicache"), 0, shared_prefix=4096)
+    assert seen["profiled_with"] == 4096
+    assert seen["all_or_whole_first"] and 4096 in seen["shared"]
+    with pytest.raises(StopIteration):
+        suites.run_scenario(scenario, suites.System("HiCache alone", "hicache"), 0)
+    assert seen["profiled_with"] is None and seen["shared"] == {0}

@@ -56,27 +56,32 @@ def parse_suites(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _run_task(suite: str, index: int, seed: int) -> list[dict]:
+def _run_task(suite: str, index: int, seed: int, shared_prefix: int | None = None) -> list[dict]:
     """One scenario of a suite on one seed, all its systems (the unit a worker process runs)."""
     scenarios, systems = SUITES[suite]
-    rows = scenario_rows(scenarios[index], systems, seed)
+    rows = scenario_rows(scenarios[index], systems, seed, shared_prefix=shared_prefix)
     return [{"suite": suite, "seed": seed, **r.to_dict()} for r in rows]
 
 
 def run_report(
-    suites: list[str], seeds: list[int], jobs: int = 1, advance: Callable[[int], None] | None = None
+    suites: list[str],
+    seeds: list[int],
+    jobs: int = 1,
+    advance: Callable[[int], None] | None = None,
+    shared_prefix: int | None = None,
 ) -> list[dict]:
-    """Per-seed rows of every suite; `advance(n)` reports n more finished runs (scenario × system)."""
+    """Per-seed rows of every suite; `advance(n)` reports n more finished runs (scenario × system);
+    `shared_prefix` opens every session with that many tokens all sessions share (`load_workload`)."""
     tasks = [(suite, i, seed) for suite in suites for seed in seeds for i in range(len(SUITES[suite][0]))]
     results: dict[tuple[str, int, int], list[dict]] = {}
     if jobs <= 1:
         for task in tasks:
-            results[task] = _run_task(*task)
+            results[task] = _run_task(*task, shared_prefix)
             if advance:
                 advance(len(results[task]))
     else:
         with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
-            futures = {pool.submit(_run_task, *task): task for task in tasks}
+            futures = {pool.submit(_run_task, *task, shared_prefix): task for task in tasks}
             for future in as_completed(futures):
                 results[futures[future]] = future.result()
                 if advance:
@@ -102,10 +107,16 @@ def commit() -> str:
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
-def payload(rows: list[dict], suites: list[str], seeds: list[int], measured_on: str | None = None) -> dict:
+def payload(
+    rows: list[dict],
+    suites: list[str],
+    seeds: list[int],
+    measured_on: str | None = None,
+    shared_prefix: int | None = None,
+) -> dict:
     """The JSON of a report; `measured_on` is the commit taken before the runs (edits during a long run
-    must not relabel it)."""
-    return {
+    must not relabel it). `shared_prefix` is kept only when the runs had one."""
+    data = {
         "schema": SCHEMA,
         "commit": measured_on or commit(),
         "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -113,12 +124,18 @@ def payload(rows: list[dict], suites: list[str], seeds: list[int], measured_on: 
         "seeds": seeds,
         "rows": rows,
     }
+    if shared_prefix is not None:
+        data["shared_prefix"] = shared_prefix
+    return data
 
 
 def check_payload(data: object) -> dict:
     """A `--from-json` file as written by `--json`; anything else is a one-line user error."""
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("rows"), list):
         raise BasinError("--from-json needs a file written by `basin report --json`")
+    shared = data.get("shared_prefix")
+    if shared is not None and (not isinstance(shared, int) or isinstance(shared, bool) or shared < 0):
+        raise BasinError(f"--from-json: shared_prefix must be a token count, got {shared!r}")
     return data
 
 
@@ -181,14 +198,24 @@ def render(data: dict) -> str:
         else ", ".join(map(str, seeds))
     )
     seed_arg = seed_text.replace("–", "-").replace(" ", "")
+    shared = data.get("shared_prefix")
+    shared_text = (
+        []
+        if shared is None
+        else [
+            f"Every session opens with the same {shared:,}-token prefix, shared across sessions in the prefix"
+            " cache, in the profiles' ramps too (`--shared-prefix`).",
+        ]
+    )
     lines = [
         "# Evaluation over seeds",
         "",
         f"Seeds {seed_text} ({len(seeds)}); suites: {', '.join(suites)}. Measured on commit"
         f" `{data.get('commit', 'unknown')}`, {data.get('generated', '')}.",
+        *shared_text,
         f"Regenerate with `basin report --seeds {seed_arg} --suites {','.join(suites)}"
-        " --out docs/evaluation.md --json FILE`; re-render from that JSON with"
-        " `basin report --from-json FILE`.",
+        + (" --out docs/evaluation.md" if shared is None else f" --shared-prefix {shared} --out FILE")
+        + " --json FILE`; re-render from that JSON with `basin report --from-json FILE`.",
         "",
         *(
             [f"Not in this report: {', '.join(missing)} (`--suites all` runs every suite).", ""]

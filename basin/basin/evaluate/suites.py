@@ -186,13 +186,13 @@ SUITES = {
 }
 
 
-_PROFILES: dict[tuple[str, float, float, int], tuple[float, float]] = {}
+_PROFILES: dict[tuple[str, float, float, int, int | None], tuple[float, float]] = {}
 PROFILE_RAMPS = 2
 
 
-def profile_for(scenario: Scenario, seed: int) -> tuple[float, float]:
+def profile_for(scenario: Scenario, seed: int, shared_prefix: int | None = None) -> tuple[float, float]:
     """(κ, λc) of the scenario's deployment and workload from simulated ramps, computed once per run."""
-    key = (scenario.deployment, scenario.host_tier, scenario.tool_time_scale, seed)
+    key = (scenario.deployment, scenario.host_tier, scenario.tool_time_scale, seed, shared_prefix)
     if key not in _PROFILES:
         from basin.profile import profile_simulated
 
@@ -203,20 +203,31 @@ def profile_for(scenario: Scenario, seed: int) -> tuple[float, float]:
             seed=seed,
             tool_time_scale=scenario.tool_time_scale,
             require_cliff=False,
+            shared_prefix=shared_prefix,
         )
         _PROFILES[key] = (profile.kappa, profile.lambda_c_per_min)
     return _PROFILES[key]
 
 
-def run_scenario(scenario: Scenario, system: System, seed: int, workload: str = "terminal-bench") -> Summary:
+def run_scenario(
+    scenario: Scenario,
+    system: System,
+    seed: int,
+    workload: str = "terminal-bench",
+    shared_prefix: int | None = None,
+) -> Summary:
+    """One system on one scenario and seed; `shared_prefix` opens every session with that many tokens all
+    sessions share (`load_workload`), in the profile's ramps too."""
     from basin.policy import BasinConfig
     from basin.sim import Simulation, SimulationConfig, get_deployment
     from basin.sim.policies import build_policy
     from basin.workload import RateSchedule, load_workload
 
     deployment = get_deployment(scenario.deployment, host_tier=scenario.host_tier)
-    pool = load_workload(workload, seed=seed, tool_time_scale=scenario.tool_time_scale)
-    kappa, lambda_c = profile_for(scenario, seed)
+    pool = load_workload(
+        workload, seed=seed, tool_time_scale=scenario.tool_time_scale, shared_prefix=shared_prefix
+    )
+    kappa, lambda_c = profile_for(scenario, seed, shared_prefix)
     schedule = RateSchedule(
         base_rate=scenario.base_fraction * lambda_c if scenario.base_rate is None else scenario.base_rate,
         duration_min=scenario.duration_min,
@@ -269,12 +280,13 @@ def scenario_rows(
     seed: int,
     step: Callable[[], None] | None = None,
     summaries: dict[tuple[str, str], Summary] | None = None,
+    shared_prefix: int | None = None,
 ) -> list[Row]:
     """One scenario's rows, ratios to the first system (BASIN): the unit the seed report farms out, so a
     worker profiles the scenario once for all its systems."""
     results = []
     for system in systems:
-        summary = run_scenario(scenario, system, seed)
+        summary = run_scenario(scenario, system, seed, shared_prefix=shared_prefix)
         if summaries is not None:
             summaries[(scenario.name, system.name)] = summary
         results.append((system, summary))

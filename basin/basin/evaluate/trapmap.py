@@ -119,12 +119,11 @@ def run_one(spec: MapSpec, base_rate: float, factor: float, seed: int) -> Outcom
     from basin.policy import make_policy
     from basin.sim import Simulation, SimulationConfig
     from basin.workload import RateSchedule, load_workload
-    from basin.workload.transforms import share_prefix
 
     deployment = spec.deployment_model()
-    pool = load_workload(spec.workload, seed=seed, tool_time_scale=spec.tool_time_scale)
-    if spec.shared_prefix is not None:
-        pool = [share_prefix(session, spec.shared_prefix) for session in pool]
+    pool = load_workload(
+        spec.workload, seed=seed, tool_time_scale=spec.tool_time_scale, shared_prefix=spec.shared_prefix
+    )
     schedule = RateSchedule(
         base_rate=base_rate,
         duration_min=spec.duration_min,

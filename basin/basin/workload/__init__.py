@@ -14,7 +14,7 @@ from basin.workload.mooncake import load_mooncake, looks_like_trace
 from basin.workload.sessionfile import read_sessions, write_sessions
 from basin.workload.stats import PUBLISHED, WorkloadStats, compute_stats
 from basin.workload.synthetic import PROFILES, generate
-from basin.workload.transforms import scale_outputs, scale_tool_time
+from basin.workload.transforms import scale_outputs, scale_tool_time, share_prefix
 
 SYNTHETIC = tuple(PROFILES)
 
@@ -51,15 +51,19 @@ def load_workload(
     tool_time_scale: float = 1.0,
     output_scale: float = 1.0,
     sessions: int | None = None,
+    shared_prefix: int | None = None,
 ) -> list[Session]:
     """Sessions for `spec`: a synthetic workload name, a session file, or a Mooncake trace (detected
-    from its first line). `sessions` limits a synthetic workload's size or a file's first sessions."""
+    from its first line). `sessions` limits a synthetic workload's size or a file's first sessions;
+    `shared_prefix` opens every session's first prompt with that many tokens all sessions share."""
     if tool_time_scale < 0:
         raise BasinError(f"--tool-time-scale must not be negative, got {tool_time_scale}")
     if output_scale <= 0:
         raise BasinError(f"--output-scale must be positive, got {output_scale}")
     if sessions is not None and sessions < 1:
         raise BasinError(f"--sessions must be at least 1, got {sessions}")
+    if shared_prefix is not None and shared_prefix < 0:
+        raise BasinError(f"--shared-prefix must not be negative, got {shared_prefix}")
     if spec in PROFILES:
         loaded = generate(spec, seed=seed, sessions=sessions)
     else:
@@ -75,4 +79,9 @@ def load_workload(
         loaded = load_mooncake(path) if looks_like_trace(_first_record(path)) else read_sessions(path)
         if sessions is not None:
             loaded = loaded[:sessions]
+    if shared_prefix is not None:
+        if any(call.blocks for session in loaded for call in session.calls):
+            # The simulator keys such prompts by their blocks: they already say what sessions share.
+            raise BasinError(f"--shared-prefix: {spec} names its prompts' blocks (what is shared)")
+        loaded = [share_prefix(session, shared_prefix) for session in loaded]
     return [scale_outputs(scale_tool_time(s, tool_time_scale), output_scale) for s in loaded]
