@@ -331,6 +331,17 @@ def _format_number(value: float) -> str:
     return f"{value:,.1f}" if abs(value) < 1000 else f"{value:,.0f}"
 
 
+shared_prefix_option = click.option(
+    "--shared-prefix",
+    "shared_prefix",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="TOKENS",
+    help="Open every session's first prompt with the same TOKENS tokens (the agent's system prompt and tool"
+    " schema), shared across sessions in the prefix cache; a shorter first prompt is all shared.",
+)
+
+
 @workload.command("export")
 @workload_options()
 @click.option(
@@ -341,15 +352,7 @@ def _format_number(value: float) -> str:
     show_default=True,
     help="Session file to write (JSONL); - for stdout.",
 )
-@click.option(
-    "--shared-prefix",
-    "shared_prefix",
-    type=click.IntRange(min=0),
-    default=None,
-    metavar="TOKENS",
-    help="Open every session's first prompt with the same TOKENS tokens (the agent's system prompt and tool"
-    " schema), shared across sessions in the prefix cache; a shorter first prompt is all shared.",
-)
+@shared_prefix_option
 def workload_export(
     workload: str,
     seed: int,
@@ -1304,15 +1307,7 @@ def evaluate_command(suite: str, seed: int, json_out: str | None, plot_out: str 
     default=None,
     help="Re-render the report from a --json file instead of running.",
 )
-@click.option(
-    "--shared-prefix",
-    "shared_prefix",
-    type=click.IntRange(min=0),
-    default=None,
-    metavar="TOKENS",
-    help="Open every session's first prompt with the same TOKENS tokens, shared across sessions in the"
-    " prefix cache, in every run and profile ramp.",
-)
+@shared_prefix_option
 def report_command(
     seeds: str,
     suites: str,
@@ -1370,13 +1365,7 @@ def report_command(
 @click.option(
     "--tool-time-scale", type=float, default=1.0, show_default=True, help="Multiply every tool gap."
 )
-@click.option(
-    "--shared-prefix",
-    type=click.IntRange(min=0),
-    default=None,
-    metavar="TOKENS",
-    help="Open every session's first prompt with the same TOKENS tokens, as `workload export` writes them.",
-)
+@shared_prefix_option
 @click.option(
     "--base-rates", default="3.3", show_default=True, help="Base arrival rates, sessions/min (comma list)."
 )
