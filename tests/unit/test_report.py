@@ -246,3 +246,18 @@ def test_shared_prefix_with_from_json_is_one_line_exit_2(tmp_path: Path, data: d
     )
     assert run.returncode == 2 and run.stderr.count("\n") == 1
     assert "--shared-prefix applies to runs" in run.stderr
+
+
+@pytest.mark.parametrize(
+    "markdown, rows",
+    [
+        ("evaluation.md", "evaluation-seeds.json"),
+        ("evaluation-shared-prefix.md", "evaluation-shared-prefix.json"),
+    ],
+)
+def test_committed_reports_are_their_rows_rendered(markdown: str, rows: str) -> None:
+    """docs/ keeps each report's per-seed rows beside its Markdown: the figures quoted in the docs can be
+    traced to runs, and a change to the renderer shows up here rather than as a stale page."""
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    data = report.check_payload(json.loads((docs / rows).read_text()))
+    assert (docs / markdown).read_text() == report.render(data)
