@@ -1484,6 +1484,7 @@ def trap_map(
         "hit before",
         "trapped: late hit",
         "trapped: late TTFT (s)",
+        "L_late > 10 s",
         "goodput /h",
         *(("offered peak W/C", "offered peak sessions") if offered else ()),
     ):
@@ -1507,6 +1508,7 @@ def trap_map(
             f"{cell.median('hit_rate_pre'):.2f}",
             _format_optional(cell.median("hit_rate_late", trapped_only=True), "{:.2f}"),
             _format_optional(cell.median("median_ttft_late_s", trapped_only=True), "{:.0f}"),
+            f"{len(cell.persistently_slow)}/{len(cell.outcomes)}",
             f"{cell.median('goodput_sessions_per_h'):.0f}",
             *demand,
         )

@@ -36,6 +36,7 @@ def test_each_cell_counts_the_runs_simulate_labels_trapped(tmp_path: Path) -> No
         single = json.loads(alone.stdout)
         assert outcome["label"] == single["label"]
         assert outcome["goodput_sessions_per_h"] == pytest.approx(single["goodput_sessions_per_h"])
+        assert outcome["l_late_s"] == pytest.approx(single["l_late_s"])
     for line in result.stdout.splitlines():
         assert "Traceback" not in line
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -48,6 +49,8 @@ def test_worker_processes_do_not_change_the_outcomes() -> None:
     cell = trapmap.cells(serial)[1]
     assert cell.surge_factor == 2.0
     assert len(cell.trapped) == sum(o.label == "trapped" for o in serial if o.surge_factor == 2.0)
+    slow = [o.seed for o in serial if o.surge_factor == 2.0 and o.l_late_s > 10]
+    assert [o.seed for o in cell.persistently_slow] == slow
 
 
 @pytest.mark.parametrize(

@@ -3,8 +3,10 @@ and surge sizes, every cell over several seeds.
 
 Near the tipping point a surge's outcome depends on which sessions happen to be active together
 (docs/simulator.md), so one run per cell says little. A cell counts the seeds whose run ends trapped
-(§7.1's label), names them, and describes the trapped runs (late hit rate, median TTFT). The calibration
-table of docs/simulator.md (h100-1p1d at 3.3 sessions/min, seeds 0–11) is one row of such a map.
+(§7.1's label), names them, and describes the trapped runs (late hit rate, median TTFT). It also counts
+the runs whose L_late exceeds 10 s, the paper's own summary for these sweeps (§4): a run can be slow to the
+end without losing reuse (overloaded), or keep reuse low without staying slow. The calibration table of
+docs/simulator.md (h100-1p1d at 3.3 sessions/min, seeds 0–11) is one row of such a map.
 
 `offered` also runs every cell's arrivals on an engine that never runs out of cache or KV memory and
 records the peak working set and the peak number of active sessions they bring: the demand each seed puts
@@ -28,6 +30,8 @@ from basin.errors import BasinError
 
 if TYPE_CHECKING:
     from basin.sim import Deployment
+
+PERSISTENT_LATENCY_S = 10.0  # §4: an L_late above 10 s marks persistent high latency
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,7 @@ class Outcome:
     hit_rate_late: float
     median_ttft_late_s: float
     goodput_sessions_per_h: float
+    l_late_s: float  # the largest 2-minute-window median TTFT in the final 30 minutes (§4)
     # With `offered`: the peak working set over the deployment's `cache_tokens` and the peak active
     # sessions that the same arrivals bring to an engine that never binds (None without it).
     offered_peak_working_set: float | None = None
@@ -148,6 +153,7 @@ def run_one(spec: MapSpec, base_rate: float, factor: float, seed: int) -> Outcom
         summary.hit_rate_late,
         summary.median_ttft_late_s,
         summary.goodput_sessions_per_h,
+        summary.l_late_s,
         offered_ws,
         offered_sessions,
     )
@@ -184,6 +190,11 @@ class Cell:
     @property
     def trapped(self) -> list[Outcome]:
         return [o for o in self.outcomes if o.label == "trapped"]
+
+    @property
+    def persistently_slow(self) -> list[Outcome]:
+        """Runs whose L_late exceeds 10 s: how the paper's §4 sweeps (Figs. 7 and 8) count a surge's harm."""
+        return [o for o in self.outcomes if o.l_late_s > PERSISTENT_LATENCY_S]
 
     @property
     def labels(self) -> Counter[str]:
