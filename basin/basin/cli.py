@@ -1185,7 +1185,8 @@ def _analyze_grid(seed: int, as_json: bool) -> None:
     _console().print(table)
     click.echo(
         f"simulator cache-first: {summary['simulated_cache_first']}, flagged by the model:"
-        f" {summary['flagged_of_simulated_cache_first']}; agreement {summary['agreement']:.0%}"
+        f" {summary['flagged_of_simulated_cache_first']}; prefill-first (reuse intact):"
+        f" {summary['simulated_prefill_first']}; agreement {summary['agreement']:.0%}"
     )
 
 

@@ -1,20 +1,20 @@
 """The fluid model against the simulator over the paper's 36-deployment grid (§5, Fig. 9b).
 
 Each deployment (1P1D/1P2D/1P3D on H200 × GPU-only or a host tier of 2/10/40× × tool time ×1/3/10) is
-classified twice. The model: which bound limits first (`basin.fluid.analyze`). The simulator: raise a
-steady load through 0.8–2× the model's departure peak; in the first run whose last 20 minutes are
-degraded, compare when reuse fell (two consecutive 2-minute windows with a hit rate 0.10 below the best of
-the first three) with when decode memory filled (reserved plus decoding KV at 90 % of capacity): the
-cache limited first if reuse fell first, decode otherwise.
+classified twice. The model: which bound limits first (`basin.fluid.analyze`): decode, or the prefill side
+(closed loop and cache-dependent prefill, labelled "cache"). The simulator: raise a steady load through
+0.8–2× the model's departure peak and read the first run whose last 20 minutes are degraded
+(`simulated_limit`).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
+from basin.evaluate.summary import Window
 from basin.fluid import FluidModel, FluidParameters, analyze
 from basin.policy import make_policy
 from basin.sim import Simulation, SimulationConfig, get_deployment
@@ -35,7 +35,7 @@ class GridPoint:
     tool_scale: float
     model_first_limit: str
     model_ratio: float  # peak throughput without decode over the decode bound
-    simulated_first_limit: str  # cache, decode, or none (no degradation up to 2x the model's peak)
+    simulated_first_limit: str  # cache, prefill, decode, or none (no degradation up to 2x the model's peak)
     degraded_at_per_min: float | None
 
     @property
@@ -44,6 +44,25 @@ class GridPoint:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def simulated_limit(windows: Sequence[Window], decode_kv_tokens: int) -> str:
+    """What limited a degraded run first. "cache": reuse fell (two consecutive 2-minute windows with a hit
+    rate 0.10 below the best of the first three) before decode memory filled. "decode": decoding requests
+    filled 90 % of decode KV first. "prefill": neither, so the backlog grew in front of prefill with reuse
+    intact. Only requests past prefill count as filling decode: KV reserved for requests still awaiting
+    prefill (SGLang reserves before prefill) is prefill backlog, and it fills decode memory in every cache
+    trap too (two thirds of it in the paper's, Fig. 6d)."""
+    plateau = max((w.hit_rate for w in windows[:3] if not math.isnan(w.hit_rate)), default=math.nan)
+    low = [not math.isnan(w.hit_rate) and w.hit_rate <= plateau - HIT_DROP for w in windows]
+    reuse_fell = next((i for i in range(len(low) - 1) if low[i] and low[i + 1]), math.inf)
+    decode_full = next(
+        (i for i, w in enumerate(windows) if w.decode_kv_decoding_tokens >= DECODE_FULL * decode_kv_tokens),
+        math.inf,
+    )
+    if reuse_fell < decode_full:
+        return "cache"
+    return "decode" if decode_full < math.inf else "prefill"
 
 
 def simulated_first_limit(
@@ -66,20 +85,7 @@ def simulated_first_limit(
         )
         if not summary.windows_20min[-1].degraded:
             continue
-        windows = summary.windows
-        plateau = max((w.hit_rate for w in windows[:3] if not math.isnan(w.hit_rate)), default=math.nan)
-        low = [not math.isnan(w.hit_rate) and w.hit_rate <= plateau - HIT_DROP for w in windows]
-        reuse_fell = next((i for i in range(len(low) - 1) if low[i] and low[i + 1]), math.inf)
-        capacity = deployment.decode_kv_tokens
-        decode_full = next(
-            (
-                i
-                for i, w in enumerate(windows)
-                if (w.decode_kv_decoding_tokens + w.decode_kv_waiting_tokens) >= DECODE_FULL * capacity
-            ),
-            math.inf,
-        )
-        return ("cache" if reuse_fell < decode_full else "decode"), rate
+        return simulated_limit(summary.windows, deployment.decode_kv_tokens), rate
     return "none", None
 
 
@@ -110,14 +116,17 @@ def run_grid(
 
 def agreement(points: list[GridPoint]) -> dict[str, float | int]:
     """Counts the paper reports: cache-first deployments in the simulator, how many the model flags, and
-    the share classified alike (deployments that never degraded count as decode-limited)."""
+    the share classified alike. The model's "cache" is its prefill side, so it matches a simulated cache or
+    prefill limit; a deployment that never degraded counts as decode-limited."""
     simulated_cache = [p for p in points if p.simulated_first_limit == "cache"]
     alike = sum(
-        p.model_first_limit == ("cache" if p.simulated_first_limit == "cache" else "decode") for p in points
+        p.model_first_limit == ("cache" if p.simulated_first_limit in ("cache", "prefill") else "decode")
+        for p in points
     )
     return {
         "deployments": len(points),
         "simulated_cache_first": len(simulated_cache),
+        "simulated_prefill_first": sum(p.simulated_first_limit == "prefill" for p in points),
         "flagged_of_simulated_cache_first": sum(p.flagged for p in simulated_cache),
         "agreement": alike / len(points) if points else math.nan,
     }
