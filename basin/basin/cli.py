@@ -1543,9 +1543,36 @@ def _format_optional(value: float, pattern: str) -> str:
     "--ramps", type=int, default=4, show_default=True, help="Repeated ramps (κ: their lower quartile)."
 )
 @click.option("--steps", type=int, default=8, show_default=True, help="Load steps per ramp.")
-@click.option("--step-minutes", type=float, default=12.0, show_default=True, help="Minutes per step.")
+@click.option(
+    "--step-minutes",
+    type=float,
+    default=None,
+    help="Minutes per step. Default: simulated, three mean unloaded session lifetimes (at least 12), so"
+    " the population settles at each rate; live, 12 (or --settle).",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the first ramp.")
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as one JSON object.")
+@click.option(
+    "--tool-time-scale",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Simulated: multiply every tool gap.",
+)
+@click.option(
+    "--output-scale",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Simulated: multiply output lengths (later prompts grow by the extra tokens).",
+)
+@shared_prefix_option
+@click.option(
+    "--allow-no-cliff",
+    is_flag=True,
+    help="Simulated: a ramp that never falls off its reuse plateau (decode limits first) counts κ = 1"
+    " instead of failing, as the evaluation suites count it; λc is then decode's departure peak.",
+)
 @click.option("--settle", is_flag=True, help="Live: end each step when the active population settles.")
 @click.option(
     "--settle-tolerance",
@@ -1600,6 +1627,10 @@ def profile_command(
     step_minutes: float,
     seed: int,
     as_json: bool,
+    tool_time_scale: float,
+    output_scale: float,
+    shared_prefix: int | None,
+    allow_no_cliff: bool,
     settle: bool,
     settle_tolerance: float,
     top_rate: float,
@@ -1626,6 +1657,11 @@ def profile_command(
         explicit = {n for n in ("deployment", "host_tier", "step_minutes") if source(n).name != "DEFAULT"}
         if settle and "step_minutes" in explicit:
             raise BasinError("--settle and --step-minutes exclude each other")
+        simulated_only = {"tool_time_scale", "output_scale", "shared_prefix", "allow_no_cliff"}
+        given = sorted(n for n in simulated_only if source(n).name != "DEFAULT")
+        if given:
+            names = ", ".join("--" + n.replace("_", "-") for n in given)
+            raise BasinError(f"{names}: --simulate only (a live ramp replays --workload as it is)")
         fixed = None if settle else (step_minutes or 12.0)  # a None default (issue 15) means 12 live
         sys.exit(
             _profile_live(
@@ -1650,6 +1686,10 @@ def profile_command(
             workload,
             seed,
             progress=lambda done: progress.update(task, completed=done),
+            tool_time_scale=tool_time_scale,
+            require_cliff=not allow_no_cliff,
+            shared_prefix=shared_prefix,
+            output_scale=output_scale,
         )
     if as_json:
         click.echo(json.dumps(result.to_dict()))

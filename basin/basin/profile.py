@@ -135,6 +135,7 @@ def simulate_ramp(
     host_tier: float | None = None,
     tool_time_scale: float = 1.0,
     shared_prefix: int | None = None,
+    output_scale: float = 1.0,
 ) -> list[RampSample]:
     """Run one stepped ramp in the simulator; each step is sampled over its final third (settled)."""
     from basin.policy import make_policy
@@ -144,7 +145,13 @@ def simulate_ramp(
 
     deployment = get_deployment(deployment_name, host_tier=host_tier)
     schedule = StepSchedule(tuple(rates), step_minutes)
-    pool = load_workload(workload, seed=seed, tool_time_scale=tool_time_scale, shared_prefix=shared_prefix)
+    pool = load_workload(
+        workload,
+        seed=seed,
+        tool_time_scale=tool_time_scale,
+        output_scale=output_scale,
+        shared_prefix=shared_prefix,
+    )
     sim = Simulation(SimulationConfig(deployment, schedule, seed=seed), make_policy("hicache"), pool)
     result = sim.run()
     records = result.records
@@ -182,12 +189,13 @@ def profile_simulated(
     tool_time_scale: float = 1.0,
     require_cliff: bool = True,
     shared_prefix: int | None = None,
+    output_scale: float = 1.0,
 ) -> Profile:
     """κ and λc of a deployment from `ramps` simulated ramps (seeds seed, seed+1, ...). The ramp spans
     0.4x to 2x the fluid model's departure peak, so it crosses the cliff where there is one; with
     `require_cliff=False` a ramp that stays on the plateau (a decode-first deployment) gives κ = 1.
-    `step_minutes` defaults to `settle_step_minutes` (three mean session lifetimes); `shared_prefix` as in
-    `load_workload`."""
+    `step_minutes` defaults to `settle_step_minutes` (three mean session lifetimes); `shared_prefix` and
+    `output_scale` as in `load_workload`."""
     from basin.fluid import FluidModel, FluidParameters, analyze
     from basin.sim import get_deployment
     from basin.workload import load_workload
@@ -195,7 +203,13 @@ def profile_simulated(
     if ramps < 1 or steps < 3:
         raise BasinError("need at least 1 ramp of at least 3 steps")
     deployment = get_deployment(deployment_name, host_tier=host_tier)
-    pool = load_workload(workload, seed=seed, tool_time_scale=tool_time_scale, shared_prefix=shared_prefix)
+    pool = load_workload(
+        workload,
+        seed=seed,
+        tool_time_scale=tool_time_scale,
+        output_scale=output_scale,
+        shared_prefix=shared_prefix,
+    )
     if step_minutes is None:
         step_minutes = settle_step_minutes(deployment_name, pool, host_tier)
     model = FluidModel(FluidParameters.from_workload(deployment, pool))
@@ -212,6 +226,7 @@ def profile_simulated(
             host_tier,
             tool_time_scale,
             shared_prefix,
+            output_scale,
         )
         try:
             kappas.append(fit_kappa(samples))

@@ -306,6 +306,42 @@ def test_profile_simulate_json() -> None:
     assert data["kappa"] > 0 and data["lambda_c_per_min"] > 0 and len(data["ramps"]) == 1
 
 
+def test_profile_simulate_steps_settle_by_default() -> None:
+    """Without --step-minutes a simulated ramp steps for three session lifetimes (issue 15), as the
+    evaluation suites profile: the command and `profile_simulated`'s default agree."""
+    from basin.profile import profile_simulated
+
+    result = basin(
+        "profile", "--simulate", "--deployment", "h100-1p1d", "--ramps", "1", "--steps", "3", "--json"
+    )
+    assert result.returncode == 0, result.stderr
+    settled = profile_simulated("h100-1p1d", ramps=1, steps=3)
+    assert json.loads(result.stdout)["lambda_c_per_min"] == pytest.approx(settled.lambda_c_per_min)
+    twelve = profile_simulated("h100-1p1d", ramps=1, steps=3, step_minutes=12, require_cliff=False)
+    assert settled.lambda_c_per_min != pytest.approx(twelve.lambda_c_per_min)
+
+
+def test_profile_simulate_scales_the_workload() -> None:
+    """Tripling outputs triples decode work per session, so λc falls (§7.4 profiles outputs ×3 the same
+    way); the workload options reach the ramps, and a ramp that stays on its plateau counts κ = 1 only
+    when asked to."""
+    common = ("profile", "--simulate", "--deployment", "h200-1p3d", "--ramps", "1", "--steps", "5",
+              "--step-minutes", "12", "--shared-prefix", "8192", "--allow-no-cliff", "--json")  # fmt: skip
+    rates = {}
+    for scale in ("1", "3"):
+        result = basin(*common, "--output-scale", scale)
+        assert result.returncode == 0, result.stderr
+        rates[scale] = json.loads(result.stdout)["lambda_c_per_min"]
+    assert rates["3"] < 0.7 * rates["1"], rates
+    strict = basin(*(a for a in common if a != "--allow-no-cliff"))
+    assert strict.returncode == 2 and "Traceback" not in strict.stderr
+
+
+def test_profile_live_refuses_simulated_only_options() -> None:
+    result = basin("profile", "--target", "http://127.0.0.1:1", "--output-scale", "3", "--shared-prefix", "8")
+    assert result.returncode == 2 and "--output-scale, --shared-prefix: --simulate only" in result.stderr
+
+
 def test_profile_needs_simulate_and_analyze_needs_a_rate() -> None:
     result = basin("profile", "--deployment", "h100-1p1d")
     assert result.returncode == 2 and "--simulate" in result.stderr
