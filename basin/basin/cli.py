@@ -24,6 +24,20 @@ _WORKLOAD_HELP = (
 )
 
 
+workload_scale_options = [
+    click.option(
+        "--tool-time-scale", type=float, default=1.0, show_default=True, help="Multiply every tool gap."
+    ),
+    click.option(
+        "--output-scale",
+        type=float,
+        default=1.0,
+        show_default=True,
+        help="Multiply output lengths (later prompts grow by the extra tokens).",
+    ),
+]
+
+
 def workload_options(default: str | None = None):  # type: ignore[no-untyped-def]
     """The options every command that reads a workload shares (`--workload` required without default)."""
     # click treats an explicit default=None as a default, so pass either `required` or `default`.
@@ -43,16 +57,7 @@ def workload_options(default: str | None = None):  # type: ignore[no-untyped-def
             default=None,
             help="Generate this many sessions (synthetic) or read only the first ones (file).",
         ),
-        click.option(
-            "--tool-time-scale", type=float, default=1.0, show_default=True, help="Multiply every tool gap."
-        ),
-        click.option(
-            "--output-scale",
-            type=float,
-            default=1.0,
-            show_default=True,
-            help="Multiply output lengths (later prompts grow by the extra tokens).",
-        ),
+        *workload_scale_options,
     ]
     return _options(options)
 
@@ -1552,20 +1557,7 @@ def _format_optional(value: float, pattern: str) -> str:
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the first ramp.")
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as one JSON object.")
-@click.option(
-    "--tool-time-scale",
-    type=float,
-    default=1.0,
-    show_default=True,
-    help="Simulated: multiply every tool gap.",
-)
-@click.option(
-    "--output-scale",
-    type=float,
-    default=1.0,
-    show_default=True,
-    help="Simulated: multiply output lengths (later prompts grow by the extra tokens).",
-)
+@_options(workload_scale_options)
 @shared_prefix_option
 @click.option(
     "--allow-no-cliff",
@@ -1624,7 +1616,7 @@ def profile_command(
     workload: str,
     ramps: int,
     steps: int,
-    step_minutes: float,
+    step_minutes: float | None,
     seed: int,
     as_json: bool,
     tool_time_scale: float,
@@ -1654,12 +1646,12 @@ def profile_command(
         raise BasinError("give either --simulate or --target URL")
     if target is not None:
         source = ctx.get_parameter_source
-        explicit = {n for n in ("deployment", "host_tier", "step_minutes") if source(n).name != "DEFAULT"}
+        simulated_only = {"tool_time_scale", "output_scale", "shared_prefix", "allow_no_cliff"}
+        named = ("deployment", "host_tier", "step_minutes", *simulated_only)
+        explicit = {n for n in named if source(n).name != "DEFAULT"}
         if settle and "step_minutes" in explicit:
             raise BasinError("--settle and --step-minutes exclude each other")
-        simulated_only = {"tool_time_scale", "output_scale", "shared_prefix", "allow_no_cliff"}
-        given = sorted(n for n in simulated_only if source(n).name != "DEFAULT")
-        if given:
+        if given := sorted(explicit & simulated_only):
             names = ", ".join("--" + n.replace("_", "-") for n in given)
             raise BasinError(f"{names}: --simulate only (a live ramp replays --workload as it is)")
         fixed = None if settle else (step_minutes or 12.0)  # a None default (issue 15) means 12 live
