@@ -10,11 +10,15 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from basin import __version__
 from basin.errors import BasinError
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, ProgressColumn
 
 EXIT_USER_ERROR = 2
 
@@ -247,6 +251,15 @@ def _console():  # type: ignore[no-untyped-def]
     from rich.console import Console
 
     return Console(width=None if sys.stdout.isatty() else 160)
+
+
+def _progress(*columns: str | ProgressColumn, transient: bool = False, disable: bool = False) -> Progress:
+    """Rich progress bar on stderr, so that stdout carries only the command's results (piped, a
+    transient bar left an empty first line there)."""
+    from rich.console import Console
+    from rich.progress import Progress
+
+    return Progress(*columns, console=Console(stderr=True), transient=transient, disable=disable)
 
 
 def _writable(out: str) -> Path:
@@ -517,9 +530,9 @@ def simulate(
         terminate_surge_sessions=terminate_surge_sessions,
         arrivals=arrivals,
     )
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
-    with Progress(
+    with _progress(
         TextColumn("simulating"),
         BarColumn(),
         TextColumn("{task.completed:.0f}/{task.total:.0f} min"),
@@ -758,9 +771,9 @@ def replay(
             estimate_warm_sessions(GPUS[gpu], pool, base_rate) if warm_sessions is None else warm_sessions
         ),
     )
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
-    with Progress(
+    with _progress(
         TextColumn("replaying"),
         BarColumn(),
         TextColumn("{task.completed:.1f}/{task.total:.0f} min · {task.fields[status]}"),
@@ -1096,10 +1109,10 @@ def plan_command(
     candidates = plan(gpus, basis.gpu, pool, base_rate, surge, tiers, kappa)
     checks = []
     if verify_top:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
         chosen = candidates[:verify_top]
-        with Progress(
+        with _progress(
             TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             disable=as_json, transient=True,
         ) as progress:  # fmt: skip
@@ -1161,13 +1174,12 @@ def _count(value: float | None) -> str:
 
 
 def _analyze_grid(seed: int, as_json: bool) -> None:
-    from rich.progress import Progress
     from rich.table import Table
 
     from basin.grid import HOST_TIERS, PRESETS, TOOL_SCALES, agreement, run_grid
 
     total = len(PRESETS) * len(HOST_TIERS) * len(TOOL_SCALES)
-    with Progress(transient=True, disable=as_json) as progress:
+    with _progress(transient=True, disable=as_json) as progress:
         task = progress.add_task("model vs simulator", total=total)
         points = run_grid(seed, progress=lambda done: progress.update(task, completed=done))
     summary = agreement(points)
@@ -1219,7 +1231,6 @@ def evaluate_command(suite: str, seed: int, json_out: str | None, plot_out: str 
     """Run an evaluation suite: headline (the demo), main (paper §7.3: seven systems, six scenarios),
     surge-sweep, steady, post-surge, late, or ablation (§7.8), on one seed. `basin report` runs suites
     over several seeds beside the paper's figures."""
-    from rich.progress import Progress
     from rich.table import Table
 
     from basin.evaluate.suites import SUITES, headline, plot_suite, plot_timeseries, run_suite
@@ -1228,7 +1239,7 @@ def evaluate_command(suite: str, seed: int, json_out: str | None, plot_out: str 
         if path and path != "-":
             _writable(path)
     scenarios, systems = SUITES[suite]
-    with Progress(transient=True, disable=json_out == "-") as progress:
+    with _progress(transient=True, disable=json_out == "-") as progress:
         task = progress.add_task(suite, total=len(scenarios) * len(systems))
         summaries: dict = {}
         rows = run_suite(
@@ -1327,7 +1338,7 @@ def report_command(
     over the strongest baseline, beside the paper's figure for each cell (docs/evaluation.md)."""
     import os
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
     from basin.evaluate import report
 
@@ -1347,7 +1358,7 @@ def report_command(
         total = report.run_count(suite_list, seed_list)
         measured_on = report.commit()
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, disable=json_out == "-" or out == "-") as progress:
+        with _progress(*columns, disable=json_out == "-" or out == "-") as progress:
             task = progress.add_task(f"{len(seed_list)} seeds × {', '.join(suite_list)}: runs", total=total)
             rows = report.run_report(
                 suite_list, seed_list, jobs, lambda n: progress.advance(task, n), shared_prefix
@@ -1436,7 +1447,7 @@ def trap_map(
     """How often a surge traps HiCache alone, by base rate and surge size over seeds (paper §4, Fig. 7)."""
     import os
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
     from basin.evaluate import trapmap
@@ -1470,7 +1481,7 @@ def trap_map(
     spec.validate()
     spec.deployment_model()  # an unknown deployment or option fails here, not in a worker
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, disable=quiet or json_out == "-") as progress:
+    with _progress(*columns, disable=quiet or json_out == "-") as progress:
         task = progress.add_task(f"trap map of {deployment}: runs", total=len(spec.runs))
         outcomes = trapmap.run_map(spec, jobs or os.cpu_count() or 1, lambda: progress.advance(task))
     _write_json(trapmap.payload(spec, outcomes), json_out)
@@ -1663,11 +1674,10 @@ def profile_command(
                 kubeconfig, plot_out, quiet,
             )
         )  # fmt: skip
-    from rich.progress import Progress
 
     from basin.profile import profile_simulated
 
-    with Progress(transient=True, disable=as_json) as progress:
+    with _progress(transient=True, disable=as_json) as progress:
         task = progress.add_task("ramping", total=ramps)
         result = profile_simulated(
             deployment,

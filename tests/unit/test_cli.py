@@ -306,6 +306,16 @@ def test_profile_simulate_json() -> None:
     assert data["kappa"] > 0 and data["lambda_c_per_min"] > 0 and len(data["ramps"]) == 1
 
 
+def test_profile_simulate_prints_only_results_on_stdout() -> None:
+    """The progress bar goes to stderr: piped, stdout opens with the profile, not an empty line."""
+    result = basin(
+        "profile", "--simulate", "--deployment", "h100-1p1d", "--ramps", "1", "--steps", "3",
+        "--step-minutes", "10", "--allow-no-cliff",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("h100-1p1d: κ = "), result.stdout[:80]
+
+
 def test_profile_simulate_steps_settle_by_default() -> None:
     """Without --step-minutes a simulated ramp steps for three session lifetimes (issue 15), as the
     evaluation suites profile: the command and `profile_simulated`'s default agree."""
