@@ -37,7 +37,14 @@ workload_scale_options = [
         type=float,
         default=1.0,
         show_default=True,
-        help="Multiply output lengths (later prompts grow by the extra tokens).",
+        help="Multiply output lengths (later prompts grow by the extra tokens, unless --keep-prompts).",
+    ),
+    click.option(
+        "--resend-outputs/--keep-prompts",
+        default=True,
+        show_default=True,
+        help="With --output-scale: later prompts resend the extra output tokens (an agent's history), or"
+        " keep their recorded lengths (reasoning a chat template strips; a replay of recorded prompts).",
     ),
 ]
 
@@ -312,12 +319,20 @@ def workload() -> None:
 @workload_options()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 def workload_stats(
-    workload: str, seed: int, sessions: int | None, tool_time_scale: float, output_scale: float, as_json: bool
+    workload: str,
+    seed: int,
+    sessions: int | None,
+    tool_time_scale: float,
+    output_scale: float,
+    resend_outputs: bool,
+    as_json: bool,
 ) -> None:
     """Print a workload's statistics beside the paper's published values."""
     from basin.workload import PUBLISHED, compute_stats, load_workload
 
-    loaded = load_workload(workload, seed, tool_time_scale, output_scale, sessions)
+    loaded = load_workload(
+        workload, seed, tool_time_scale, output_scale, sessions, resend_outputs=resend_outputs
+    )
     stats = compute_stats(loaded).to_dict()
     names = {s.workload for s in loaded}
     source = names.pop() if len(names) == 1 else ""
@@ -377,13 +392,16 @@ def workload_export(
     sessions: int | None,
     tool_time_scale: float,
     output_scale: float,
+    resend_outputs: bool,
     out: str,
     shared_prefix: int | None,
 ) -> None:
     """Write a workload as a session file (one JSON session per line, see docs/session-file.md)."""
     from basin.workload import load_workload, write_sessions
 
-    loaded = load_workload(workload, seed, tool_time_scale, output_scale, sessions, shared_prefix)
+    loaded = load_workload(
+        workload, seed, tool_time_scale, output_scale, sessions, shared_prefix, resend_outputs
+    )
     if out == "-":
         write_sessions(loaded, sys.stdout)
         return
@@ -474,6 +492,7 @@ def simulate(
     sessions: int | None,
     tool_time_scale: float,
     output_scale: float,
+    resend_outputs: bool,
     base_rate: float | None,
     surge_factor: float,
     surge_start_min: float,
@@ -520,7 +539,9 @@ def simulate(
     for path in (json_out, plot_out):
         if path and path != "-":
             _writable(path)
-    pool = load_workload(workload, seed, tool_time_scale, output_scale, sessions)
+    pool = load_workload(
+        workload, seed, tool_time_scale, output_scale, sessions, resend_outputs=resend_outputs
+    )
     agent_policy = build_policy(policy, preset, pool, seed, prediction, kappa, lambda_c)
     config = SimulationConfig(
         preset,
@@ -698,6 +719,7 @@ def replay(
     sessions: int | None,
     tool_time_scale: float,
     output_scale: float,
+    resend_outputs: bool,
     base_rate: float,
     surge_factor: float,
     surge_start_min: float,
@@ -745,7 +767,9 @@ def replay(
     for path in (json_out, plot_out):
         if path and path != "-":
             _writable(path)
-    pool = load_workload(workload, seed, tool_time_scale, output_scale, sessions)
+    pool = load_workload(
+        workload, seed, tool_time_scale, output_scale, sessions, resend_outputs=resend_outputs
+    )
     server = asyncio.run(server_info(target))
     gpu = reference_gpu or (server.gpu if server.gpu in GPUS else "h200")
     if time_scale is None:
@@ -916,6 +940,7 @@ def analyze_command(
     sessions: int | None,
     tool_time_scale: float,
     output_scale: float,
+    resend_outputs: bool,
     base_rate: float | None,
     kappa: float,
     grid: bool,
@@ -937,7 +962,9 @@ def analyze_command(
     preset = get_deployment(deployment, host_tier=host_tier)
     if plot_out:
         _writable(plot_out)
-    pool = load_workload(workload, seed, tool_time_scale, output_scale, sessions)
+    pool = load_workload(
+        workload, seed, tool_time_scale, output_scale, sessions, resend_outputs=resend_outputs
+    )
     model = FluidModel(FluidParameters.from_workload(preset, pool, kappa))
     result = analyze(model, base_rate, backlog)
     if plot_out:
@@ -1059,6 +1086,7 @@ def plan_command(
     sessions: int | None,
     tool_time_scale: float,
     output_scale: float,
+    resend_outputs: bool,
     base_rate: float,
     surge_text: str,
     host_tiers: str,
@@ -1098,7 +1126,7 @@ def plan_command(
             )
         gpu = gpu or doc.gpu or "h200"
     gpu = gpu or "h200"
-    spec = WorkloadSpec(workload, seed, tool_time_scale, output_scale, sessions)
+    spec = WorkloadSpec(workload, seed, tool_time_scale, output_scale, sessions, resend_outputs)
     pool = spec.load()
     basis = (
         Basis.presets(gpu, 1.0 if kappa is None else kappa)
@@ -1632,6 +1660,7 @@ def profile_command(
     as_json: bool,
     tool_time_scale: float,
     output_scale: float,
+    resend_outputs: bool,
     shared_prefix: int | None,
     allow_no_cliff: bool,
     settle: bool,
@@ -1657,13 +1686,20 @@ def profile_command(
         raise BasinError("give either --simulate or --target URL")
     if target is not None:
         source = ctx.get_parameter_source
-        simulated_only = {"tool_time_scale", "output_scale", "shared_prefix", "allow_no_cliff"}
+        simulated_only = {
+            "tool_time_scale",
+            "output_scale",
+            "resend_outputs",
+            "shared_prefix",
+            "allow_no_cliff",
+        }
         named = ("deployment", "host_tier", "step_minutes", *simulated_only)
         explicit = {n for n in named if source(n).name != "DEFAULT"}
         if settle and "step_minutes" in explicit:
             raise BasinError("--settle and --step-minutes exclude each other")
         if given := sorted(explicit & simulated_only):
-            names = ", ".join("--" + n.replace("_", "-") for n in given)
+            flags = {p.name: "/".join(p.opts + p.secondary_opts) for p in ctx.command.params}
+            names = ", ".join(flags[n] for n in given)
             raise BasinError(f"{names}: --simulate only (a live ramp replays --workload as it is)")
         fixed = None if settle else (step_minutes or 12.0)  # a None default (issue 15) means 12 live
         sys.exit(
@@ -1692,6 +1728,7 @@ def profile_command(
             require_cliff=not allow_no_cliff,
             shared_prefix=shared_prefix,
             output_scale=output_scale,
+            resend_outputs=resend_outputs,
         )
     if as_json:
         click.echo(json.dumps(result.to_dict()))
@@ -1775,6 +1812,7 @@ def predictor_train(
     sessions: int | None,
     tool_time_scale: float,
     output_scale: float,
+    resend_outputs: bool,
     out: str,
     alpha: float,
 ) -> None:
@@ -1783,7 +1821,10 @@ def predictor_train(
     from basin.workload import load_workload
 
     path = _writable(out)
-    model = fit(load_workload(workload, seed, tool_time_scale, output_scale, sessions), alpha)
+    model = fit(
+        load_workload(workload, seed, tool_time_scale, output_scale, sessions, resend_outputs=resend_outputs),
+        alpha,
+    )
     model.save(path)
     kind = "task text and lengths" if model.uses_text else "lengths only (no task texts)"
     click.echo(f"trained on {model.trained_sessions} sessions ({kind}); wrote {path}", err=True)
@@ -1805,6 +1846,7 @@ def predictor_evaluate(
     sessions: int | None,
     tool_time_scale: float,
     output_scale: float,
+    resend_outputs: bool,
     folds: int | None,
     alpha: float,
     as_json: bool,
@@ -1814,7 +1856,10 @@ def predictor_evaluate(
     from basin.workload import load_workload
 
     result = evaluate(
-        load_workload(workload, seed, tool_time_scale, output_scale, sessions), folds, seed, alpha
+        load_workload(workload, seed, tool_time_scale, output_scale, sessions, resend_outputs=resend_outputs),
+        folds,
+        seed,
+        alpha,
     ).to_dict()
     if as_json:
         click.echo(json.dumps({"workload": workload, **result}))

@@ -465,11 +465,15 @@ class WorkloadSpec:
     tool_time_scale: float = 1.0
     output_scale: float = 1.0
     sessions: int | None = None
+    resend_outputs: bool = True
 
     def load(self) -> list[Session]:
         from basin.workload import load_workload
 
-        return load_workload(self.spec, self.seed, self.tool_time_scale, self.output_scale, self.sessions)
+        return load_workload(
+            self.spec, self.seed, self.tool_time_scale, self.output_scale, self.sessions,
+            resend_outputs=self.resend_outputs,
+        )  # fmt: skip
 
 
 def _verify_one(

@@ -136,6 +136,7 @@ def simulate_ramp(
     tool_time_scale: float = 1.0,
     shared_prefix: int | None = None,
     output_scale: float = 1.0,
+    resend_outputs: bool = True,
 ) -> list[RampSample]:
     """Run one stepped ramp in the simulator; each step is sampled over its final third (settled)."""
     from basin.policy import make_policy
@@ -145,7 +146,14 @@ def simulate_ramp(
 
     deployment = get_deployment(deployment_name, host_tier=host_tier)
     schedule = StepSchedule(tuple(rates), step_minutes)
-    pool = load_workload(workload, seed, tool_time_scale, output_scale, shared_prefix=shared_prefix)
+    pool = load_workload(
+        workload,
+        seed,
+        tool_time_scale,
+        output_scale,
+        shared_prefix=shared_prefix,
+        resend_outputs=resend_outputs,
+    )
     sim = Simulation(SimulationConfig(deployment, schedule, seed=seed), make_policy("hicache"), pool)
     result = sim.run()
     records = result.records
@@ -184,12 +192,13 @@ def profile_simulated(
     require_cliff: bool = True,
     shared_prefix: int | None = None,
     output_scale: float = 1.0,
+    resend_outputs: bool = True,
 ) -> Profile:
     """κ and λc of a deployment from `ramps` simulated ramps (seeds seed, seed+1, ...). The ramp spans
     0.4x to 2x the fluid model's departure peak, so it crosses the cliff where there is one; with
     `require_cliff=False` a ramp that stays on the plateau (a decode-first deployment) gives κ = 1.
-    `step_minutes` defaults to `settle_step_minutes` (three mean session lifetimes); `shared_prefix` and
-    `output_scale` as in `load_workload`."""
+    `step_minutes` defaults to `settle_step_minutes` (three mean session lifetimes); `shared_prefix`,
+    `output_scale` and `resend_outputs` as in `load_workload`."""
     from basin.fluid import FluidModel, FluidParameters, analyze
     from basin.sim import get_deployment
     from basin.workload import load_workload
@@ -197,7 +206,14 @@ def profile_simulated(
     if ramps < 1 or steps < 3:
         raise BasinError("need at least 1 ramp of at least 3 steps")
     deployment = get_deployment(deployment_name, host_tier=host_tier)
-    pool = load_workload(workload, seed, tool_time_scale, output_scale, shared_prefix=shared_prefix)
+    pool = load_workload(
+        workload,
+        seed,
+        tool_time_scale,
+        output_scale,
+        shared_prefix=shared_prefix,
+        resend_outputs=resend_outputs,
+    )
     if step_minutes is None:
         step_minutes = settle_step_minutes(deployment_name, pool, host_tier)
     model = FluidModel(FluidParameters.from_workload(deployment, pool))
@@ -215,6 +231,7 @@ def profile_simulated(
             tool_time_scale,
             shared_prefix,
             output_scale,
+            resend_outputs,
         )
         try:
             kappas.append(fit_kappa(samples))

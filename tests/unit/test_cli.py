@@ -343,13 +343,19 @@ def test_profile_simulate_scales_the_workload() -> None:
         assert result.returncode == 0, result.stderr
         rates[scale] = json.loads(result.stdout)["lambda_c_per_min"]
     assert rates["3"] < 0.7 * rates["1"], rates
+    kept = basin(*common, "--output-scale", "3", "--keep-prompts")
+    assert kept.returncode == 0, kept.stderr
+    # Prompts that do not resend the extra output keep the sessions' footprints: a higher λc.
+    assert rates["3"] < json.loads(kept.stdout)["lambda_c_per_min"] < rates["1"], (rates, kept.stdout)
     strict = basin(*(a for a in common if a != "--allow-no-cliff"))
     assert strict.returncode == 2 and "Traceback" not in strict.stderr
 
 
 def test_profile_live_refuses_simulated_only_options() -> None:
-    result = basin("profile", "--target", "http://127.0.0.1:1", "--output-scale", "3", "--shared-prefix", "8")
-    assert result.returncode == 2 and "--output-scale, --shared-prefix: --simulate only" in result.stderr
+    target = ("profile", "--target", "http://127.0.0.1:1")
+    result = basin(*target, "--output-scale", "3", "--keep-prompts", "--shared-prefix", "8")
+    message = "--output-scale, --resend-outputs/--keep-prompts, --shared-prefix: --simulate only"
+    assert result.returncode == 2 and message in result.stderr, result.stderr
 
 
 def test_profile_needs_simulate_and_analyze_needs_a_rate() -> None:

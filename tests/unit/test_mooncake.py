@@ -160,3 +160,15 @@ def test_a_session_start_sharing_blocks_with_an_earlier_request_reuses_them(tmp_
     assert branch.cached_tokens == 4 * BLOCK_TOKENS  # the four blocks it shares with the first turn
     assert other.cached_tokens == BLOCK_TOKENS  # the shared system-prompt block
     assert first_calls[pool[0].session_id].cached_tokens == 0  # the very first request is cold
+
+
+def test_output_scale_drops_a_traces_block_ids_unless_the_prompts_are_kept(mooncake_slice: Path) -> None:
+    """Resent outputs change the prompts the block ids named; kept prompts are still those blocks."""
+    resent = load_workload(str(mooncake_slice), output_scale=2.0, sessions=20)
+    kept = load_workload(str(mooncake_slice), output_scale=2.0, sessions=20, resend_outputs=False)
+    assert not any(call.blocks for session in resent for call in session.calls)
+    original = load_workload(str(mooncake_slice), sessions=20)
+    assert any(call.blocks for session in original for call in session.calls)
+    for before, after in zip(original, kept, strict=True):
+        assert [c.blocks for c in after.calls] == [c.blocks for c in before.calls]
+        assert [c.output_tokens for c in after.calls] == [2 * c.output_tokens for c in before.calls]

@@ -18,6 +18,20 @@ def test_output_scale_grows_later_prompts_and_keeps_new_suffixes() -> None:
     assert scaled.peak_context_tokens > session.peak_context_tokens
 
 
+def test_output_scale_can_keep_the_recorded_prompts() -> None:
+    """--keep-prompts: the extra output is not resent (reasoning a chat template strips), so only the
+    outputs change, and the session's footprint grows by its last output's extra tokens alone."""
+    (session,) = generate("terminal-bench", seed=4, sessions=1)
+    kept = scale_outputs(session, 3.0, resend=False)
+    kept.validate()
+    for before, after in zip(session.calls, kept.calls, strict=True):
+        assert (after.prompt_tokens, after.new_tokens) == (before.prompt_tokens, before.new_tokens)
+        assert after.output_tokens == max(1, round(before.output_tokens * 3))
+    assert kept.peak_context_tokens < scale_outputs(session, 3.0).peak_context_tokens
+    loaded = load_workload("terminal-bench", 4, output_scale=3.0, sessions=1, resend_outputs=False)
+    assert loaded == [kept]
+
+
 def test_tool_time_scale_multiplies_gaps_only() -> None:
     sessions = generate("terminal-bench", seed=0, sessions=20)
     base, slow = compute_stats(sessions), compute_stats(load_workload("terminal-bench", 0, 3.0, sessions=20))

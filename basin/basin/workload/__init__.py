@@ -52,10 +52,12 @@ def load_workload(
     output_scale: float = 1.0,
     sessions: int | None = None,
     shared_prefix: int | None = None,
+    resend_outputs: bool = True,
 ) -> list[Session]:
     """Sessions for `spec`: a synthetic workload name, a session file, or a Mooncake trace (detected
     from its first line). `sessions` limits a synthetic workload's size or a file's first sessions;
-    `shared_prefix` opens every session's first prompt with that many tokens all sessions share."""
+    `shared_prefix` opens every session's first prompt with that many tokens all sessions share;
+    `resend_outputs` as in `scale_outputs`."""
     if tool_time_scale < 0:
         raise BasinError(f"--tool-time-scale must not be negative, got {tool_time_scale}")
     if output_scale <= 0:
@@ -84,4 +86,4 @@ def load_workload(
             # The simulator keys such prompts by their blocks: they already say what sessions share.
             raise BasinError(f"--shared-prefix: {spec} names its prompts' blocks (what is shared)")
         loaded = [share_prefix(session, shared_prefix) for session in loaded]
-    return [scale_outputs(scale_tool_time(s, tool_time_scale), output_scale) for s in loaded]
+    return [scale_outputs(scale_tool_time(s, tool_time_scale), output_scale, resend_outputs) for s in loaded]

@@ -17,20 +17,30 @@ def scale_tool_time(session: Session, factor: float) -> Session:
     return replace(session, calls=calls)
 
 
-def scale_outputs(session: Session, factor: float) -> Session:
+def scale_outputs(session: Session, factor: float, resend: bool = True) -> Session:
     """Multiply output lengths by `factor` (a non-empty output keeps at least one token).
 
-    Later prompts resend the outputs, so each prompt grows by the extra output tokens of all earlier
-    calls; the new suffixes stay as they were.
+    With `resend`, later prompts resend the outputs, so each prompt grows by the extra output tokens of
+    all earlier calls; the new suffixes stay as they were. Without it only the outputs change: the extra
+    tokens are reasoning the agent does not resend, or a replay that keeps the recorded prompts (what
+    the paper's outputs x3 profile fits, docs/simulator.md); a trace keeps its block ids.
     """
     if factor <= 0:
         raise ValueError(f"output scale must be positive, got {factor}")
     if factor == 1:
         return session
+
+    def scaled(tokens: int) -> int:
+        return max(1, round(tokens * factor)) if tokens else 0
+
+    if not resend:
+        return replace(
+            session, calls=tuple(replace(c, output_tokens=scaled(c.output_tokens)) for c in session.calls)
+        )
     calls: list[Call] = []
     extra = 0
     for call in session.calls:
-        output = max(1, round(call.output_tokens * factor)) if call.output_tokens else 0
+        output = scaled(call.output_tokens)
         prompt = call.prompt_tokens + extra
         new = prompt if not calls else call.new_tokens
         # A trace's block ids go: the prompts they named no longer exist once the outputs change.
