@@ -6,6 +6,7 @@ User errors (BasinError) print one line and exit with status 2; they never show 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
@@ -19,6 +20,8 @@ from basin.errors import BasinError
 
 if TYPE_CHECKING:
     from rich.progress import Progress, ProgressColumn
+
+    from basin.workload import WorkloadSpec
 
 EXIT_USER_ERROR = 2
 
@@ -50,7 +53,8 @@ workload_scale_options = [
 
 
 def workload_options(default: str | None = None):  # type: ignore[no-untyped-def]
-    """The options every command that reads a workload shares (`--workload` required without default)."""
+    """The options every command that reads a workload shares (`--workload` required without default);
+    the command gets `workload` and `seed`, and the rest with them as `workload_spec`."""
     # click treats an explicit default=None as a default, so pass either `required` or `default`.
     chosen = {"required": True} if default is None else {"default": default, "show_default": True}
     options = [
@@ -70,7 +74,20 @@ def workload_options(default: str | None = None):  # type: ignore[no-untyped-def
         ),
         *workload_scale_options,
     ]
-    return _options(options)
+
+    def decorate(command):  # type: ignore[no-untyped-def]
+        @functools.wraps(command)
+        def with_spec(  # type: ignore[no-untyped-def]
+            *args, workload, seed, sessions, tool_time_scale, output_scale, resend_outputs, **kwargs
+        ):
+            from basin.workload import WorkloadSpec as Spec  # the one above is for annotations only
+
+            spec = Spec(workload, seed, tool_time_scale, output_scale, sessions, resend_outputs)
+            return command(*args, workload=workload, seed=seed, workload_spec=spec, **kwargs)
+
+        return _options(options)(with_spec)
+
+    return decorate
 
 
 def _options(options: list):  # type: ignore[no-untyped-def,type-arg]
@@ -321,23 +338,18 @@ def workload() -> None:
 def workload_stats(
     workload: str,
     seed: int,
-    sessions: int | None,
-    tool_time_scale: float,
-    output_scale: float,
-    resend_outputs: bool,
+    workload_spec: WorkloadSpec,
     as_json: bool,
 ) -> None:
     """Print a workload's statistics beside the paper's published values."""
-    from basin.workload import PUBLISHED, compute_stats, load_workload
+    from basin.workload import PUBLISHED, compute_stats
 
-    loaded = load_workload(
-        workload, seed, tool_time_scale, output_scale, sessions, resend_outputs=resend_outputs
-    )
+    loaded = workload_spec.load()
     stats = compute_stats(loaded).to_dict()
     names = {s.workload for s in loaded}
     source = names.pop() if len(names) == 1 else ""
     # Targets hold for the unscaled trajectories only.
-    published = PUBLISHED.get(source, {}) if tool_time_scale == output_scale == 1 else {}
+    published = PUBLISHED.get(source, {}) if not workload_spec.scaled else {}
     if as_json:
         click.echo(json.dumps({"workload": workload, "seed": seed, **stats, "published": published}))
         return
@@ -389,19 +401,14 @@ shared_prefix_option = click.option(
 def workload_export(
     workload: str,
     seed: int,
-    sessions: int | None,
-    tool_time_scale: float,
-    output_scale: float,
-    resend_outputs: bool,
+    workload_spec: WorkloadSpec,
     out: str,
     shared_prefix: int | None,
 ) -> None:
     """Write a workload as a session file (one JSON session per line, see docs/session-file.md)."""
-    from basin.workload import load_workload, write_sessions
+    from basin.workload import write_sessions
 
-    loaded = load_workload(
-        workload, seed, tool_time_scale, output_scale, sessions, shared_prefix, resend_outputs
-    )
+    loaded = workload_spec.load(shared_prefix)
     if out == "-":
         write_sessions(loaded, sys.stdout)
         return
@@ -489,10 +496,7 @@ def simulate(
     policy: str,
     workload: str,
     seed: int,
-    sessions: int | None,
-    tool_time_scale: float,
-    output_scale: float,
-    resend_outputs: bool,
+    workload_spec: WorkloadSpec,
     base_rate: float | None,
     surge_factor: float,
     surge_start_min: float,
@@ -513,7 +517,6 @@ def simulate(
     from basin.policy import POLICIES
     from basin.sim import Simulation, SimulationConfig, get_deployment
     from basin.sim.policies import build_policy
-    from basin.workload import load_workload
 
     preset = get_deployment(
         deployment,
@@ -539,9 +542,7 @@ def simulate(
     for path in (json_out, plot_out):
         if path and path != "-":
             _writable(path)
-    pool = load_workload(
-        workload, seed, tool_time_scale, output_scale, sessions, resend_outputs=resend_outputs
-    )
+    pool = workload_spec.load()
     agent_policy = build_policy(policy, preset, pool, seed, prediction, kappa, lambda_c)
     config = SimulationConfig(
         preset,
@@ -716,10 +717,7 @@ def replay(
     target: str,
     workload: str,
     seed: int,
-    sessions: int | None,
-    tool_time_scale: float,
-    output_scale: float,
-    resend_outputs: bool,
+    workload_spec: WorkloadSpec,
     base_rate: float,
     surge_factor: float,
     surge_start_min: float,
@@ -747,7 +745,6 @@ def replay(
 
     from basin.sim.deployments import GPUS
     from basin.sim.simulator import estimate_warm_sessions
-    from basin.workload import load_workload
 
     try:
         from basin_profiler.replay import CLIENT_LAG_SHARE, Replay, ReplayConfig, server_info
@@ -767,9 +764,7 @@ def replay(
     for path in (json_out, plot_out):
         if path and path != "-":
             _writable(path)
-    pool = load_workload(
-        workload, seed, tool_time_scale, output_scale, sessions, resend_outputs=resend_outputs
-    )
+    pool = workload_spec.load()
     server = asyncio.run(server_info(target))
     gpu = reference_gpu or (server.gpu if server.gpu in GPUS else "h200")
     if time_scale is None:
@@ -937,10 +932,7 @@ def analyze_command(
     host_tier: float | None,
     workload: str,
     seed: int,
-    sessions: int | None,
-    tool_time_scale: float,
-    output_scale: float,
-    resend_outputs: bool,
+    workload_spec: WorkloadSpec,
     base_rate: float | None,
     kappa: float,
     grid: bool,
@@ -951,7 +943,6 @@ def analyze_command(
     """The fluid model (paper §5): departure curve, equilibria, vulnerable rates and first limit."""
     from basin.fluid import FluidModel, FluidParameters, analyze, plot_departures
     from basin.sim import get_deployment
-    from basin.workload import load_workload
 
     if grid:
         _analyze_grid(seed, as_json)
@@ -962,9 +953,7 @@ def analyze_command(
     preset = get_deployment(deployment, host_tier=host_tier)
     if plot_out:
         _writable(plot_out)
-    pool = load_workload(
-        workload, seed, tool_time_scale, output_scale, sessions, resend_outputs=resend_outputs
-    )
+    pool = workload_spec.load()
     model = FluidModel(FluidParameters.from_workload(preset, pool, kappa))
     result = analyze(model, base_rate, backlog)
     if plot_out:
@@ -1083,10 +1072,7 @@ def plan_command(
     gpu: str,
     workload: str,
     seed: int,
-    sessions: int | None,
-    tool_time_scale: float,
-    output_scale: float,
-    resend_outputs: bool,
+    workload_spec: WorkloadSpec,
     base_rate: float,
     surge_text: str,
     host_tiers: str,
@@ -1100,8 +1086,9 @@ def plan_command(
     """What-if capacity planning: every prefill:decode split of N GPUs and host tier, ranked by the
     largest surge it recovers from without control at the base rate (the fluid model, paper §5)."""
     import os
+    from dataclasses import replace
 
-    from basin.plan import Basis, Surge, WorkloadSpec, plan, plot_plan, recommendation, verify
+    from basin.plan import Basis, Surge, plan, plot_plan, recommendation, verify
 
     surge = Surge.parse(surge_text)
     tiers = list(_float_list(host_tiers, "--host-tiers"))
@@ -1126,7 +1113,7 @@ def plan_command(
             )
         gpu = gpu or doc.gpu or "h200"
     gpu = gpu or "h200"
-    spec = WorkloadSpec(workload, seed, tool_time_scale, output_scale, sessions, resend_outputs)
+    spec = replace(workload_spec, spec=workload)  # --workload may come from the profile
     pool = spec.load()
     basis = (
         Basis.presets(gpu, 1.0 if kappa is None else kappa)
@@ -1809,22 +1796,15 @@ def predictor() -> None:
 def predictor_train(
     workload: str,
     seed: int,
-    sessions: int | None,
-    tool_time_scale: float,
-    output_scale: float,
-    resend_outputs: bool,
+    workload_spec: WorkloadSpec,
     out: str,
     alpha: float,
 ) -> None:
     """Train on every session of a workload and save the model."""
     from basin.predictor import fit
-    from basin.workload import load_workload
 
     path = _writable(out)
-    model = fit(
-        load_workload(workload, seed, tool_time_scale, output_scale, sessions, resend_outputs=resend_outputs),
-        alpha,
-    )
+    model = fit(workload_spec.load(), alpha)
     model.save(path)
     kind = "task text and lengths" if model.uses_text else "lengths only (no task texts)"
     click.echo(f"trained on {model.trained_sessions} sessions ({kind}); wrote {path}", err=True)
@@ -1843,24 +1823,15 @@ def predictor_train(
 def predictor_evaluate(
     workload: str,
     seed: int,
-    sessions: int | None,
-    tool_time_scale: float,
-    output_scale: float,
-    resend_outputs: bool,
+    workload_spec: WorkloadSpec,
     folds: int | None,
     alpha: float,
     as_json: bool,
 ) -> None:
     """Cross-fitted rank correlation and log-error spread of the predictor on a workload."""
     from basin.predictor import evaluate
-    from basin.workload import load_workload
 
-    result = evaluate(
-        load_workload(workload, seed, tool_time_scale, output_scale, sessions, resend_outputs=resend_outputs),
-        folds,
-        seed,
-        alpha,
-    ).to_dict()
+    result = evaluate(workload_spec.load(), folds, seed, alpha).to_dict()
     if as_json:
         click.echo(json.dumps({"workload": workload, **result}))
         return

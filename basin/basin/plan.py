@@ -25,6 +25,7 @@ from basin.policy.basin import DeploymentProfile
 from basin.profile_schema import ProfileDocument
 from basin.sim.costs import prefill_seconds
 from basin.sim.deployments import GPUS, Deployment, GpuCalibration, shape_name
+from basin.workload import WorkloadSpec
 from basin.workload.model import Session
 
 STEP_MIN = 1 / 12  # integration step of the population balance, minutes (5 s)
@@ -454,26 +455,6 @@ def recommendation(candidates: Sequence[Candidate], surge: Surge) -> str:
 
 def _tier(host_tier: float) -> str:
     return "GPU-only caching" if host_tier == 0 else f"a {host_tier:g}x host tier"
-
-
-@dataclass(frozen=True)
-class WorkloadSpec:
-    """How to load the workload again in a worker process (`basin.workload.load_workload`'s arguments)."""
-
-    spec: str
-    seed: int = 0
-    tool_time_scale: float = 1.0
-    output_scale: float = 1.0
-    sessions: int | None = None
-    resend_outputs: bool = True
-
-    def load(self) -> list[Session]:
-        from basin.workload import load_workload
-
-        return load_workload(
-            self.spec, self.seed, self.tool_time_scale, self.output_scale, self.sessions,
-            resend_outputs=self.resend_outputs,
-        )  # fmt: skip
 
 
 def _verify_one(

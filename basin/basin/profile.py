@@ -146,14 +146,7 @@ def simulate_ramp(
 
     deployment = get_deployment(deployment_name, host_tier=host_tier)
     schedule = StepSchedule(tuple(rates), step_minutes)
-    pool = load_workload(
-        workload,
-        seed,
-        tool_time_scale,
-        output_scale,
-        shared_prefix=shared_prefix,
-        resend_outputs=resend_outputs,
-    )
+    pool = load_workload(workload, seed, tool_time_scale, output_scale, None, shared_prefix, resend_outputs)
     sim = Simulation(SimulationConfig(deployment, schedule, seed=seed), make_policy("hicache"), pool)
     result = sim.run()
     records = result.records
@@ -206,14 +199,7 @@ def profile_simulated(
     if ramps < 1 or steps < 3:
         raise BasinError("need at least 1 ramp of at least 3 steps")
     deployment = get_deployment(deployment_name, host_tier=host_tier)
-    pool = load_workload(
-        workload,
-        seed,
-        tool_time_scale,
-        output_scale,
-        shared_prefix=shared_prefix,
-        resend_outputs=resend_outputs,
-    )
+    pool = load_workload(workload, seed, tool_time_scale, output_scale, None, shared_prefix, resend_outputs)
     if step_minutes is None:
         step_minutes = settle_step_minutes(deployment_name, pool, host_tier)
     model = FluidModel(FluidParameters.from_workload(deployment, pool))

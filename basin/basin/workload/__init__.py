@@ -5,6 +5,7 @@ component use to turn a user's `--workload` into sessions."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from basin.errors import BasinError, InputFileError
@@ -25,6 +26,7 @@ __all__ = [
     "Call",
     "RateSchedule",
     "Session",
+    "WorkloadSpec",
     "WorkloadStats",
     "compute_stats",
     "load_workload",
@@ -87,3 +89,27 @@ def load_workload(
             raise BasinError(f"--shared-prefix: {spec} names its prompts' blocks (what is shared)")
         loaded = [share_prefix(session, shared_prefix) for session in loaded]
     return [scale_outputs(scale_tool_time(s, tool_time_scale), output_scale, resend_outputs) for s in loaded]
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """A workload as a command names it: `load_workload`'s arguments, to load it where it is needed
+    (again in a worker process, for the planner)."""
+
+    spec: str
+    seed: int = 0
+    tool_time_scale: float = 1.0
+    output_scale: float = 1.0
+    sessions: int | None = None
+    resend_outputs: bool = True
+
+    @property
+    def scaled(self) -> bool:
+        """Whether a scale knob changes the source's sessions."""
+        return self.tool_time_scale != 1 or self.output_scale != 1
+
+    def load(self, shared_prefix: int | None = None) -> list[Session]:
+        return load_workload(
+            self.spec, self.seed, self.tool_time_scale, self.output_scale, self.sessions, shared_prefix,
+            self.resend_outputs,
+        )  # fmt: skip
