@@ -128,7 +128,7 @@ def test_continuum_keeps_reuse_and_basin_still_leads() -> None:
     continuum, basin, hicache = run("continuum"), run("basin"), run("hicache")
     assert continuum.label in ("healthy", "recovering")
     assert continuum.goodput_sessions_per_h >= 2 * hicache.goodput_sessions_per_h
-    # Measured 1.15x on this calibration (paper: 1.64x under the default surge).
+    # Measured 1.12x on seed 0 (805 vs 721 sessions/h; paper: 1.64x under the default surge).
     assert basin.goodput_sessions_per_h >= 1.1 * continuum.goodput_sessions_per_h
 
 
