@@ -124,12 +124,28 @@ def test_admission_alone_holds_the_surge_without_the_priority_order(seed: int) -
     assert summary.goodput_sessions_per_h >= 0.75 * run("basin", "predictor", seed).goodput_sessions_per_h
 
 
-def test_continuum_keeps_reuse_and_basin_still_leads() -> None:
-    continuum, basin, hicache = run("continuum"), run("basin"), run("hicache")
+@pytest.mark.parametrize("seed", SEEDS)
+def test_continuum_keeps_reuse_and_basin_still_leads(seed: int) -> None:
+    """Continuum's pinning keeps reuse through the surge; BASIN still completes more on every seed.
+    Measured, sessions/h, Continuum -> BASIN, seeds 0-4: 721 -> 805, 797 -> 843, 745 -> 831, 785 -> 815,
+    751 -> 811 (1.04-1.12x, mean 1.08x; paper Fig. 14: 1.64x). Continuum is 4.0-5.1x HiCache alone."""
+    continuum, basin = run("continuum", seed=seed), run("basin", seed=seed)
+    hicache = run("hicache", seed=seed)
     assert continuum.label in ("healthy", "recovering")
     assert continuum.goodput_sessions_per_h >= 2 * hicache.goodput_sessions_per_h
-    # Measured 1.12x on seed 0 (805 vs 721 sessions/h; paper: 1.64x under the default surge).
-    assert basin.goodput_sessions_per_h >= 1.1 * continuum.goodput_sessions_per_h
+    assert basin.goodput_sessions_per_h > continuum.goodput_sessions_per_h
+
+
+@pytest.mark.slow
+def test_basin_leads_continuum_on_average_over_seeds() -> None:
+    """The margin's mean over seeds 0-4, so one lucky seed cannot carry it. Measured 1.08x; the paper's
+    1.64x comes with sessions near the slowdown SLO, where ours keep slack (docs/simulator.md, "Known gaps
+    in the calibration")."""
+    ratios = [
+        run("basin", seed=seed).goodput_sessions_per_h / run("continuum", seed=seed).goodput_sessions_per_h
+        for seed in range(5)
+    ]
+    assert sum(ratios) / len(ratios) >= 1.05
 
 
 def test_concur_contains_the_surge_less_well_than_basin() -> None:
