@@ -81,18 +81,20 @@ def lending_run(lending: bool, seed: int) -> tuple[Summary, float, int]:
 def test_lending_serves_next_turns_from_decode_memory_without_a_host_tier(seed: int) -> None:
     """Lent units serve next turns by transfer, and the budget spends the capacity they add (B0 counts
     it) on admitting more sessions. Measured, lending off -> on, seeds 0-4:
-    - goodput, sessions/h: 491 -> 579, 509 -> 571, 473 -> 573, 424 (recovering) -> 543, 477 -> 625;
-      ratio 1.12-1.31 (paper Fig. 23, GPU-only: 0.50-0.89 of BASIN's goodput without lending);
-    - shed: 6.8-9.2 % -> 0.2-3.5 %;
-    - the hit rate of prompts starting prefill in the surge stays within 0.05 (0.872-0.890 -> 0.847-0.886):
-      the extra cache holds extra sessions rather than raising reuse. Before the budget bound (it fell
-      only on a prefill backlog) lending raised that hit rate by 0.011-0.033 and goodput by 0-4 %."""
+    - goodput, sessions/h: 553 -> 615, 585 -> 623, 527 -> 581, 496 -> 573, 579 -> 625; ratio 1.07-1.16
+      (paper Fig. 23, GPU-only: 0.50-0.89 of BASIN's goodput without lending);
+    - shed: 4.7-7.6 % -> 0.2-2.3 %;
+    - the hit rate of prompts starting prefill in the surge stays within 0.05 (0.853-0.876 -> 0.847-0.863):
+      the extra cache holds extra sessions rather than raising reuse. Before the budget fell only while
+      the engine queued (issue 15), lending was worth 1.12-1.31x: without it B fell on every dip of
+      reuse. Before the budget bound at all (it fell only on a persistent prefill backlog) lending raised
+      that hit rate by 0.011-0.033 and goodput by 0-4 %."""
     (lent, lent_surge_hit, fetches), (kept, kept_surge_hit, no_fetches) = (
         lending_run(True, seed),
         lending_run(False, seed),
     )
     assert fetches > 0 and no_fetches == 0
-    assert lent.goodput_sessions_per_h >= 1.1 * kept.goodput_sessions_per_h
+    assert lent.goodput_sessions_per_h >= 1.05 * kept.goodput_sessions_per_h
     assert lent.shed_fraction < kept.shed_fraction
     assert lent_surge_hit >= kept_surge_hit - 0.05
 

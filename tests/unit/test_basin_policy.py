@@ -182,11 +182,33 @@ def test_budget_steps_once_per_interval_and_falls_below_the_reservations_when_re
         policy.on_control(float(t), telemetry(float(t)))
     assert policy.budget == pytest.approx(2.0 * policy.b0)
     assert len(policy.parked) == 1  # the ceiling holds s6 out
-    thrashing = dict(warm_hit_rate=0.5)  # prefixes used a minute ago miss: the working set does not fit
+    # Prefixes used a minute ago miss and the recomputation queues (3 s of prefill work): it does not fit.
+    thrashing = dict(warm_hit_rate=0.5, prefill_backlog_tokens=30_000)
     for t in range(800, 1400, 5):
         policy.on_control(float(t), telemetry(float(t), **thrashing))
     assert policy.budget == pytest.approx(0.5 * policy.b0)  # below the residents' 180K: entry stops
     assert policy.residents == 6  # nobody is evicted
+
+
+@pytest.mark.parametrize(
+    ("queue", "falls"),
+    [
+        ({}, False),  # the engine absorbs the misses at once
+        ({"prefill_backlog_tokens": 15_000}, False),  # 1.5 s of prefill work: under backlog_tokens_s
+        ({"prefill_backlog_tokens": 30_000}, True),
+        ({"decode_waiting_requests": 3}, True),
+    ],
+)
+def test_lost_reuse_lowers_the_budget_only_while_the_engine_queues(
+    queue: dict[str, float], falls: bool
+) -> None:
+    """Lost reuse sustains the trap through queueing: a dip the engine absorbs is not deterioration."""
+    policy = _parked_controller()
+    start = policy.budget
+    for t in range(10, 60, 5):
+        policy.on_control(float(t), telemetry(float(t), warm_hit_rate=0.8, **queue))
+    assert (policy.budget < start) is falls
+    assert policy.budget <= start  # off its plateau B does not rise either
 
 
 def test_cold_returns_missing_do_not_lower_the_budget() -> None:

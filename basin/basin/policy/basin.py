@@ -8,12 +8,14 @@
   reservations that stand for a working set of B0 (peaks run ahead of contexts). While engaged, B adapts
   page-fault-frequency style within a bounded range around B0: up by a step per Δ (the feedback lag)
   while sessions are parked and reuse is on its healthy plateau, down by a step per control step while
-  reuse has deteriorated — also below the residents' Σ Ŵ (it stops entry, it never evicts). Reuse is
-  the hit rate of *warm returns* (calls back within `WARM_RETURN_S` of their previous call's end): a
-  fault on a prefix used a minute ago means the working set no longer fits, while a return from a long
-  tool run misses whatever the load. After release B grows gradually, spreading re-entry. The plateau
-  is learned while nobody is parked and prefill keeps up (also under admission, which may be engaged
-  from the first step on); until then it is the reference curve's healthy hit rate.
+  reuse has deteriorated and the engine is queueing (more than `backlog_tokens_s` of prefill work, or
+  requests waiting for decode memory: misses that the engine absorbs do not feed the trap) — also below
+  the residents' Σ Ŵ (it stops entry, it never evicts). Reuse is the hit rate of *warm returns* (calls
+  back within `WARM_RETURN_S` of their previous call's end): a fault on a prefix used a minute ago means
+  the working set no longer fits, while a return from a long tool run misses whatever the load. After
+  release B grows gradually, spreading re-entry. The plateau is learned while nobody is parked and
+  prefill keeps up (also under admission, which may be engaged from the first step on); until then it
+  is the reference curve's healthy hit rate.
 - B0 = min(m·κ·x_k·C_eff, C_eff), with C = max(C_G, C_H) and C_eff = max(C, C_G + L) for lent capacity L.
 - Ordering engages on a persistent prefill backlog or decode-memory wait, at W ≥ α_O·B0, or while
   admission is active. Lending engages at W ≥ α_L·B0 (B0 of the prefill tiers alone) or while admission
@@ -64,7 +66,8 @@ class BasinConfig:
     # Implementation settings (the paper varies them in §7.9 without publishing exact values).
     cooldown_s: float = 60.0
     backlog_persist_s: float = 10.0  # a backlog counts once it has lasted this long
-    backlog_tokens_s: float = 2.0  # ... and holds more than this many seconds of prefill work
+    backlog_tokens_s: float = 2.0  # ... and holds more than this many seconds of prefill work (also what
+    # makes lost reuse count as deterioration, at once)
     context_smoothing_s: float = 1800.0  # time constant of c̄
     budget_range: tuple[float, float] = (0.5, 8.0)  # B within this range times B0
     budget_step: float = 0.05  # B rises by this share of B0 per Δ, falls by it per control step
@@ -305,7 +308,13 @@ class Basin(Policy):
         step = cfg.budget_step * b0
         backlog = self._backlog_persists(now, telemetry)
         on_plateau = math.isnan(self.hit) or self.hit >= self.plateau - cfg.plateau_tolerance
-        deteriorated = not math.isnan(self.hit) and self.hit < self.plateau - cfg.deteriorated_drop
+        # Lost reuse sustains the trap only through queueing (§5): a miss the engine absorbs at once costs
+        # prefill time it had to spare, and a dip of the noisy reading alone must not lower B.
+        deteriorated = (
+            not math.isnan(self.hit)
+            and self.hit < self.plateau - cfg.deteriorated_drop
+            and self._queueing(telemetry)
+        )
         if not cfg.admission:
             self.admit = False
         elif w >= b0 or (self.admit and w >= cfg.alpha_release * b0):
@@ -390,10 +399,13 @@ class Basin(Policy):
         window = min(self.config.arrival_window_s, max(now, 1.0))
         return len(self.arrivals) / (window / 60.0)
 
-    def _backlog_persists(self, now: float, telemetry: Telemetry) -> bool:
+    def _queueing(self, telemetry: Telemetry) -> bool:
+        """Prefill holds more than `backlog_tokens_s` of work, or requests wait for decode memory."""
         threshold = self.config.backlog_tokens_s * self.profile.prefill_tokens_per_s
-        waiting = telemetry.prefill_backlog_tokens > threshold or telemetry.decode_waiting_requests > 0
-        if not waiting:
+        return telemetry.prefill_backlog_tokens > threshold or telemetry.decode_waiting_requests > 0
+
+    def _backlog_persists(self, now: float, telemetry: Telemetry) -> bool:
+        if not self._queueing(telemetry):
             self.backlog_since = None
             return False
         self.backlog_since = now if self.backlog_since is None else self.backlog_since
