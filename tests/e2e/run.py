@@ -403,8 +403,16 @@ class EndToEnd:
             raise StepFailed(f"the status holds no usable profile: {profile}")
         table = self.kubectl("get", "basindeployments", "-n", NAMESPACE)
         console.print(table)
-        if f"{profile['kappa']:.3g}"[:3] not in table or "Ready" not in table:
-            raise StepFailed("`kubectl get basindeployments` shows no κ or phase")
+        # The printer column prints the float as stored; compare numbers, not a rounded string
+        # (κ 1.0987 rounds to "1.1", which the column never shows).
+        header, *rows = (line.split() for line in table.splitlines() if line.strip())
+        row = dict(zip(header, rows[0], strict=False)) if rows else {}
+        try:
+            shown_kappa = float(row.get("KAPPA", "nan"))
+        except ValueError:
+            shown_kappa = float("nan")
+        if not abs(shown_kappa - profile["kappa"]) < 1e-6 or row.get("PHASE") != "Ready":
+            raise StepFailed(f"`kubectl get basindeployments` shows no κ or phase: {row}")
         log(
             f"profile: κ {profile['kappa']:.2f}, λc {profile['lambdaCPerMin']:.2f}/min;"
             f" {obj['status']['profiling']}"
