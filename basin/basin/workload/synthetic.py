@@ -17,6 +17,7 @@ import numpy as np
 from scipy.special import ndtri
 
 from basin.workload.model import Call, Session
+from basin.workload.transforms import share_prefix
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,9 @@ class SyntheticProfile:
     gap_max_s: float
     text_signal: float  # correlation of the latent task difficulty with the log peak context
     vocabulary: TaskVocabulary
+    # Tokens every session's first prompt opens with alike (the agent's system prompt and tool schema),
+    # shared across sessions in the prefix cache; `--shared-prefix` overrides it.
+    shared_prefix: int = 0
 
 
 TERMINAL_VOCABULARY = TaskVocabulary(
@@ -181,8 +185,8 @@ PROFILES: dict[str, SyntheticProfile] = {
         prefix="tb",
         sessions=216,
         peak_median=40_000,
-        peak_sigma=0.70,
-        peak_bounds=(6_000, 240_000),
+        peak_sigma=0.69,
+        peak_bounds=(6_000, 120_000),
         calls_median=26.6,
         calls_sigma=0.65,
         calls_peak_corr=0.85,
@@ -205,10 +209,11 @@ PROFILES: dict[str, SyntheticProfile] = {
         # rare long runs (installs, training, ~12 min) hold half of the idle working set and lose their
         # prefix even at base load, which is what lets the cache hold less than the working set while
         # reuse stays high.
-        tool_gaps=(GapKind(0.872, 0.336, 1.2), GapKind(0.11, 55.0, 0.4), GapKind(0.018, 700.0, 0.3)),
+        tool_gaps=(GapKind(0.872, 0.336, 1.2), GapKind(0.11, 35.0, 0.4), GapKind(0.018, 400.0, 0.3)),
         gap_max_s=3600.0,
         text_signal=0.82,
         vocabulary=TERMINAL_VOCABULARY,
+        shared_prefix=8_192,
     ),
     # SWE-bench Pro: 70 sessions, long contexts, very short tool gaps (paper §7.1).
     "swe-pro": SyntheticProfile(
@@ -372,13 +377,16 @@ def generate(name: str, seed: int = 0, sessions: int | None = None) -> list[Sess
     output_z = _stratified_normals(rng, int(bounds[-1]))
     gap_u = _stratified_uniforms(rng, int(bounds[-1]))
     return [
-        _session(
-            rng,
-            profile,
-            i,
-            float(peak_z[i]),
-            output_z[bounds[i] : bounds[i + 1]],
-            gap_u[bounds[i] : bounds[i + 1]],
+        share_prefix(
+            _session(
+                rng,
+                profile,
+                i,
+                float(peak_z[i]),
+                output_z[bounds[i] : bounds[i + 1]],
+                gap_u[bounds[i] : bounds[i + 1]],
+            ),
+            profile.shared_prefix,
         )
         for i in range(n)
     ]
