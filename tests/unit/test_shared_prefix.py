@@ -72,7 +72,13 @@ def test_load_workload_shares_a_prefix_and_refuses_what_cannot_take_one(tmp_path
     assert {s.shared_prefix_tokens for s in pool} == {min(12_000, s.first_prompt_tokens) for s in pool}
     assert any(s.shared_prefix_tokens == 12_000 for s in pool)
     assert any(s.shared_prefix_tokens < 12_000 for s in pool)  # a first prompt shorter than the prefix
-    assert all(s.shared_prefix_tokens == 0 for s in load_workload("terminal-bench", seed=0, sessions=40))
+    # The workload's own prefix is the default (Terminal-Bench: 8K, synthetic.PROFILES); 0 removes it.
+    default = load_workload("terminal-bench", seed=0, sessions=40)
+    assert {s.shared_prefix_tokens for s in default} == {min(8_192, s.first_prompt_tokens) for s in default}
+    assert all(
+        s.shared_prefix_tokens == 0
+        for s in load_workload("terminal-bench", seed=0, sessions=40, shared_prefix=0)
+    )
     with pytest.raises(BasinError, match="--shared-prefix must not be negative"):
         load_workload("terminal-bench", shared_prefix=-1)
     trace = tmp_path / "trace.jsonl"
