@@ -31,8 +31,9 @@ def test_reference_hit_curve_has_plateau_knee_and_cliff() -> None:
 
 
 def test_departures_rise_peak_and_fall_to_the_low_reuse_rate_when_cache_limits() -> None:
-    m = model("h100-1p1d")
-    result = analyze(m, base_rate_per_min=3.3)
+    """Fig. 9a's deployment: 1P3D with HiCache, at a base load inside its vulnerable range."""
+    m = model("h200-1p3d")
+    result = analyze(m, base_rate_per_min=8.0)
     assert result.first_limit == "cache"
     n = m.population_grid()
     d = m.departures_per_min(n)
@@ -43,10 +44,20 @@ def test_departures_rise_peak_and_fall_to_the_low_reuse_rate_when_cache_limits()
     # Both equilibria sit where departures meet the base rate, on either side of the peak.
     assert result.n_stable < result.n_peak < result.n_unstable
     for value in (result.n_stable, result.n_unstable):
-        assert m.departures_per_min(np.array([value]))[0] == pytest.approx(3.3, rel=0.05)
+        assert m.departures_per_min(np.array([value]))[0] == pytest.approx(8.0, rel=0.05)
     assert result.state == "vulnerable"
     low, high = result.vulnerable_range_per_min
-    assert low < 3.3 < high
+    assert low < 8.0 < high
+
+
+def test_the_single_h100_engine_saturates_decode_first_yet_its_departures_fall_past_the_cliff() -> None:
+    """§7.2: "On H100 1P1D, decode saturates first (Eq. 2)"; §3 still traps it at 3.3 sessions/min. The
+    decode bound caps the departure peak, and past the cliff departures fall below the base rate."""
+    for host_tier in (0.0, 2.0):
+        result = analyze(model("h100-1p1d", host_tier=host_tier), base_rate_per_min=3.3)
+        assert result.first_limit == "decode" and result.cache_first_ratio > 1.0 + 0.01
+        assert result.d_low_per_min < 3.3 < result.d_peak_per_min
+        assert result.state == "vulnerable" and result.n_unstable is not None
 
 
 def test_rates_outside_the_vulnerable_range() -> None:
