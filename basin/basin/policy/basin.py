@@ -167,6 +167,9 @@ class Basin(Policy):
 
     name = "basin"
     control_interval_s = 30.0
+    # §6.2: "Reserving decode KV at prefill completion prevents requests awaiting prefill from occupying
+    # this headroom" (the decode memory lending borrows).
+    engine_options = {"allocation": "prefill_complete"}  # noqa: RUF012
 
     def __init__(
         self,
