@@ -383,7 +383,8 @@ shared_prefix_option = click.option(
     default=None,
     metavar="TOKENS",
     help="Open every session's first prompt with the same TOKENS tokens (the agent's system prompt and tool"
-    " schema), shared across sessions in the prefix cache; a shorter first prompt is all shared.",
+    " schema), shared across sessions in the prefix cache; a shorter first prompt is all shared. Default:"
+    " the workload's own (terminal-bench 8192, swe-pro none; 0 removes it).",
 )
 
 
