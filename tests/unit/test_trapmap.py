@@ -39,6 +39,7 @@ def test_each_cell_counts_the_runs_simulate_labels_trapped(tmp_path: Path) -> No
         assert outcome["l_late_s"] == pytest.approx(single["l_late_s"])
     for line in result.stdout.splitlines():
         assert "Traceback" not in line
+    assert "95 % CI" in result.stdout
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -111,3 +112,19 @@ def test_offered_demand_is_the_arrivals_on_an_engine_that_never_binds() -> None:
     assert summary.hit_rate_late > 0.9
     plain = trapmap.run_map(dataclasses.replace(spec, offered=False, seeds=(3,), surge_factors=(1.0,)))
     assert plain[0].offered_peak_sessions is None and plain[0].offered_peak_working_set is None
+
+
+def test_a_cell_bounds_the_chance_of_a_trap_by_its_seed_count() -> None:
+    def cell(trapped: int, runs: int) -> trapmap.Cell:
+        outcomes = tuple(
+            trapmap.Outcome(3.3, 2.0, seed, "trapped" if seed < trapped else "healthy", 0.9, 0.3, 60, 40, 90)
+            for seed in range(runs)
+        )
+        return trapmap.Cell(3.3, 2.0, outcomes)
+
+    # Exact binomial (Clopper–Pearson) bounds: 4 of 12 fits a trap chance from 10 % to 65 %, and no trap
+    # in 12 seeds still allows one in four; 96 seeds narrow 18 trapped to 12-28 %.
+    assert cell(4, 12).trapped_share_interval == pytest.approx((0.099, 0.651), abs=0.001)
+    assert cell(0, 12).trapped_share_interval == pytest.approx((0.0, 0.265), abs=0.001)
+    assert cell(12, 12).trapped_share_interval == pytest.approx((0.735, 1.0), abs=0.001)
+    assert cell(18, 96).trapped_share_interval == pytest.approx((0.115, 0.280), abs=0.001)

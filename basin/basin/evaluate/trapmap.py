@@ -192,6 +192,16 @@ class Cell:
         return [o for o in self.outcomes if o.label == "trapped"]
 
     @property
+    def trapped_share_interval(self) -> tuple[float, float]:
+        """95 % Clopper–Pearson interval for the chance that a surge traps this cell: the seeds are
+        independent draws, so k of n says how likely a trap is only within such bounds (2 of 12 fits
+        anything from 2 % to 48 %)."""
+        from scipy.stats import binomtest
+
+        interval = binomtest(len(self.trapped), len(self.outcomes)).proportion_ci(0.95, method="exact")
+        return float(interval.low), float(interval.high)
+
+    @property
     def persistently_slow(self) -> list[Outcome]:
         """Runs whose L_late exceeds 10 s: how the paper's §4 sweeps (Figs. 7 and 8) count a surge's harm."""
         return [o for o in self.outcomes if o.l_late_s > PERSISTENT_LATENCY_S]
