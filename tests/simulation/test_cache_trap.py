@@ -138,7 +138,8 @@ def test_trapping_becomes_likely_only_with_the_larger_surge() -> None:
 @pytest.mark.xfail(
     strict=True,
     reason="issue 15 item 1, 2 of its 10 bounds not met: +100 % traps 4 of 12 (bound 10), trapped "
-    "goodput 0.23x the surge-free run's (bound 0.25-0.45); docs/simulator.md ('Known gaps') says why",
+    "goodput 0.23x the surge-free run's (bound 0.25-0.45; 0.28x over seeds 0-95); docs/simulator.md "
+    "('Known gaps') says why",
 )
 def test_the_issue_15_calibration_bounds() -> None:
     """Issue 15's calibration table (h100-1p1d, Terminal-Bench-like, 3.3 sessions/min, seeds 0–11), every
