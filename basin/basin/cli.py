@@ -19,8 +19,11 @@ from basin import __version__
 from basin.errors import BasinError
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from rich.progress import Progress, ProgressColumn
 
+    from basin.evaluate.trapmap import Outcome
     from basin.workload import WorkloadSpec
 
 EXIT_USER_ERROR = 2
@@ -1548,8 +1551,30 @@ def trap_map(
             *demand,
         )
     _console().print(table)
+    if offered:
+        _print_trap_thresholds(outcomes)
     if plot_out:
         click.echo(f"figure: {plot_out}")
+
+
+def _print_trap_thresholds(outcomes: Sequence[Outcome]) -> None:
+    """Under an offered-demand map: the offered peak that best tells trapped runs from the rest."""
+    from basin.evaluate import trapmap
+
+    lines = []
+    for name, field, pattern in (
+        ("peak W/C", "offered_peak_working_set", "{:.2f}"),
+        ("peak sessions", "offered_peak_sessions", "{:.1f}"),
+    ):
+        cut = trapmap.trap_threshold(outcomes, field)
+        if cut is not None:
+            lines.append(
+                f"  {name} {pattern.format(cut.value)}: above it {cut.trapped_above} of {cut.trapped}"
+                f" trapped runs and {cut.others_above} of {cut.others} others"
+            )
+    if lines:
+        click.echo("The offered demand that best tells trapped runs from the rest (Youden's J):")
+        click.echo("\n".join(lines))
 
 
 def _format_optional(value: float, pattern: str) -> str:

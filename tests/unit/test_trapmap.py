@@ -87,13 +87,19 @@ def test_state_slots_cut_reuse_in_simulate() -> None:
     assert hit("--state-slots", "40") < hit() - 0.05
 
 
-def test_offered_demand_is_the_arrivals_on_an_engine_that_never_binds() -> None:
+def test_offered_demand_is_the_arrivals_on_an_engine_that_never_binds(tmp_path: Path) -> None:
     from basin.policy import make_policy
     from basin.sim import Simulation, SimulationConfig
     from basin.workload import RateSchedule, load_workload
 
     spec = trapmap.MapSpec("h100-1p1d", (3.3,), (1.0, 3.0), (2, 3), duration_min=60, offered=True)
-    outcomes = trapmap.run_map(spec, jobs=2)
+    out = tmp_path / "offered.json"
+    result = basin(
+        "trap-map", "--seeds", "2,3", "--surges", "1,3", "--duration-min", "60", "--offered",
+        "--json", str(out), "--quiet",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    outcomes = [trapmap.Outcome(**o) for o in json.loads(out.read_text())["outcomes"]]
     control = {o.seed: o for o in outcomes if o.surge_factor == 1.0}
     surge = {o.seed: o for o in outcomes if o.surge_factor == 3.0}
     for seed in (2, 3):
@@ -112,6 +118,42 @@ def test_offered_demand_is_the_arrivals_on_an_engine_that_never_binds() -> None:
     assert summary.hit_rate_late > 0.9
     plain = trapmap.run_map(dataclasses.replace(spec, offered=False, seeds=(3,), surge_factors=(1.0,)))
     assert plain[0].offered_peak_sessions is None and plain[0].offered_peak_working_set is None
+    # The table is followed by the cut that separates the two trapped surges from the healthy controls.
+    cut = trapmap.trap_threshold(outcomes, "offered_peak_working_set")
+    assert cut is not None and (cut.trapped_above, cut.trapped, cut.others_above, cut.others) == (2, 2, 0, 2)
+    top_control = max(o.offered_peak_working_set for o in control.values())
+    assert top_control < cut.value < min(o.offered_peak_working_set for o in surge.values())
+    assert f"peak W/C {cut.value:.2f}: above it 2 of 2 trapped runs and 0 of 2 others" in result.stdout
+
+
+def test_the_trap_threshold_is_the_cut_that_best_tells_trapped_runs_from_the_rest() -> None:
+    def runs(*offered: tuple[float, str]) -> list[trapmap.Outcome]:
+        return [
+            trapmap.Outcome(3.3, 2.0, seed, label, 0.9, 0.3, 60, 40, 90, demand, int(demand * 30))
+            for seed, (demand, label) in enumerate(offered)
+        ]
+
+    # One trapped run in nine: a cut that calls everything healthy gets 8 of 9 right, but Youden's J
+    # (share of trapped above less share of others above) puts the cut under the trapped run.
+    rare = runs(*[(1.5 + 0.05 * i, "healthy") for i in range(7)], (2.0, "recovering"), (2.2, "trapped"))
+    cut = trapmap.trap_threshold(rare, "offered_peak_working_set")
+    assert cut == trapmap.Threshold("offered_peak_working_set", pytest.approx(2.1), 1, 1, 0, 8)
+    # Overlapping demand: cutting at 1.5 leaves a trapped run below (J = 2/3), cutting at 1.1 a healthy
+    # run above (J = 1 - 1/2): the first is better.
+    mixed = runs((1.0, "healthy"), (1.2, "trapped"), (1.4, "healthy"), (1.6, "trapped"), (1.8, "trapped"))
+    cut = trapmap.trap_threshold(mixed, "offered_peak_working_set")
+    assert cut == trapmap.Threshold("offered_peak_working_set", pytest.approx(1.5), 2, 3, 0, 2)
+    # On a tie between cuts (J = 1/2 at 1.1 and at 1.5) the lowest wins.
+    tie = trapmap.trap_threshold(mixed[:4], "offered_peak_working_set")
+    assert tie is not None and tie.value == pytest.approx(1.1)
+    # Sessions are cut the same way, midway between the runs (60 and 66 sessions).
+    assert trapmap.trap_threshold(rare, "offered_peak_sessions").value == pytest.approx(63)
+    # No cut without both kinds of run, without offered demand, or when every run offers the same.
+    untrapped = runs((1.0, "healthy"), (2.0, "overloaded"))
+    bare = [dataclasses.replace(o, offered_peak_working_set=None) for o in mixed]
+    level = runs((2.0, "healthy"), (2.0, "trapped"))
+    for outcomes in (untrapped, bare, level):
+        assert trapmap.trap_threshold(outcomes, "offered_peak_working_set") is None
 
 
 def test_a_cell_bounds_the_chance_of_a_trap_by_its_seed_count() -> None:

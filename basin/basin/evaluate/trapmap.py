@@ -12,6 +12,7 @@ docs/simulator.md (h100-1p1d at 3.3 sessions/min, seeds 0–11) is one row of su
 records the peak working set and the peak number of active sessions they bring: the demand each seed puts
 on the engine, apart from how the engine copes. A surge whose offered peak stays within the control's
 own excursions cannot trap reliably by the working set alone (docs/simulator.md, "Known gaps").
+`trap_threshold` finds the offered peak above which runs end trapped, steady and surge runs alike.
 """
 
 from __future__ import annotations
@@ -229,6 +230,50 @@ def cells(outcomes: Sequence[Outcome]) -> list[Cell]:
     for outcome in outcomes:
         grouped.setdefault((outcome.base_rate, outcome.surge_factor), []).append(outcome)
     return [Cell(rate, factor, tuple(runs)) for (rate, factor), runs in grouped.items()]
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """A cut on one offered-demand field and how the runs fall around it: of the `trapped` runs,
+    `trapped_above` offered more than `value`; of the `others` (every other state), `others_above` did."""
+
+    field: str
+    value: float
+    trapped_above: int
+    trapped: int
+    others_above: int
+    others: int
+
+
+def trap_threshold(outcomes: Sequence[Outcome], field: str) -> Threshold | None:
+    """The cut on an offered-demand field (`offered_peak_working_set` or `offered_peak_sessions`) that
+    best tells trapped runs from the rest: the largest share of trapped runs above it less the share of
+    other runs above it (Youden's J, so a rare trap is not outvoted), midway between the two runs it falls
+    between, the lowest on a tie. None without offered demand, without both trapped and other runs, or
+    when every run offers the same. If the trap follows the working set, steady and surge runs share one
+    cut whatever the base rate (docs/simulator.md, Known gaps)."""
+    measured = [o for o in outcomes if getattr(o, field) is not None]
+    if not measured:
+        return None
+    order = np.argsort([getattr(o, field) for o in measured], kind="stable")
+    values = np.array([getattr(measured[i], field) for i in order], dtype=float)
+    trapped = np.array([measured[i].label == "trapped" for i in order])
+    n_trapped, n_others = int(trapped.sum()), int((~trapped).sum())
+    cuts = [k for k in range(1, len(values)) if values[k] > values[k - 1]]
+    if not n_trapped or not n_others or not cuts:
+        return None
+    # Cutting after the k lowest runs leaves trapped[k:] above the cut.
+    trapped_above = np.concatenate((np.cumsum(trapped[::-1])[::-1], [0]))
+    others_above = np.concatenate((np.cumsum(~trapped[::-1])[::-1], [0]))
+    best = max(cuts, key=lambda k: trapped_above[k] / n_trapped - others_above[k] / n_others)
+    return Threshold(
+        field,
+        float(values[best - 1] + values[best]) / 2,
+        int(trapped_above[best]),
+        n_trapped,
+        int(others_above[best]),
+        n_others,
+    )
 
 
 def surge_name(factor: float) -> str:
