@@ -12,7 +12,7 @@ docs/simulator.md (h100-1p1d at 3.3 sessions/min, seeds 0–11) is one row of su
 records the peak working set and the peak number of active sessions they bring: the demand each seed puts
 on the engine, apart from how the engine copes. A surge whose offered peak stays within the control's
 own excursions cannot trap reliably by the working set alone (docs/simulator.md, "Known gaps").
-`trap_threshold` finds the offered peak above which runs end trapped, steady and surge runs alike.
+`trap_threshold` finds the offered peak that best separates trapped runs from the rest.
 """
 
 from __future__ import annotations
