@@ -252,12 +252,11 @@ def trap_threshold(outcomes: Sequence[Outcome], field: str) -> Threshold | None:
     between, the lowest on a tie. None without offered demand, without both trapped and other runs, or
     when every run offers the same. If the trap follows the working set, steady and surge runs share one
     cut whatever the base rate (docs/simulator.md, Known gaps)."""
-    measured = [o for o in outcomes if getattr(o, field) is not None]
+    measured = sorted((o for o in outcomes if getattr(o, field) is not None), key=lambda o: getattr(o, field))
     if not measured:
         return None
-    order = np.argsort([getattr(o, field) for o in measured], kind="stable")
-    values = np.array([getattr(measured[i], field) for i in order], dtype=float)
-    trapped = np.array([measured[i].label == "trapped" for i in order])
+    values = np.array([getattr(o, field) for o in measured], dtype=float)
+    trapped = np.array([o.label == "trapped" for o in measured])
     n_trapped, n_others = int(trapped.sum()), int((~trapped).sum())
     cuts = [k for k in range(1, len(values)) if values[k] > values[k - 1]]
     if not n_trapped or not n_others or not cuts:
