@@ -9,7 +9,7 @@ from basin.plan import Surge, WorkloadSpec, grid_verdicts, plan, verify
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("base_rate", [8.0, 6.0])  # the main comparison's base rates (host tier, GPU-only)
+@pytest.mark.parametrize("base_rate", [9.0, 8.0])  # the ablation suite's base rates (host tier, GPU-only)
 def test_the_recommended_split_recovers_and_the_last_one_traps(base_rate: float) -> None:
     surge = Surge(5, 20)
     workload = WorkloadSpec("terminal-bench")
