@@ -8,6 +8,7 @@ from functools import cache
 import pytest
 
 from basin.evaluate import Summary
+from basin.evaluate.suites import ABLATION_SCENARIOS, Scenario
 from basin.evaluate.summary import hit_rate_between
 from basin.sim import Simulation, SimulationConfig, get_deployment
 from basin.sim.policies import build_policy
@@ -15,15 +16,26 @@ from basin.workload import RateSchedule, load_workload
 
 # Seed 0 in the quick run; seeds 1-4 with the slow tests (issue 15: claims hold on seeds 0-4).
 SEEDS = [0, *(pytest.param(seed, marks=pytest.mark.slow) for seed in range(1, 5))]
+# The ablation suite's x5 surges, with their fixed base rates: 2x host tier, and GPU-only.
+HOST_TIER_SURGE, GPU_ONLY_SURGE = ABLATION_SCENARIOS[:2]
+
+
+def surge_schedule(scenario: Scenario) -> RateSchedule:
+    assert scenario.base_rate is not None
+    return RateSchedule(
+        base_rate=scenario.base_rate,
+        duration_min=scenario.duration_min,
+        surge_factor=scenario.surge_factor,
+        surge_start_min=scenario.surge_start_min,
+        surge_minutes=scenario.surge_minutes,
+    )
 
 
 @cache
 def run(policy: str, prediction: str = "predictor", seed: int = 0) -> Summary:
-    deployment = get_deployment("h200-1p3d")
+    deployment = get_deployment(HOST_TIER_SURGE.deployment, host_tier=HOST_TIER_SURGE.host_tier)
     pool = load_workload("terminal-bench", seed=seed)
-    schedule = RateSchedule(
-        base_rate=9.0, duration_min=120, surge_factor=5.0, surge_start_min=15, surge_minutes=20
-    )
+    schedule = surge_schedule(HOST_TIER_SURGE)
     agent_policy = build_policy(policy, deployment, pool, seed, prediction)
     return Simulation(SimulationConfig(deployment, schedule, seed=seed), agent_policy, pool).run().summary
 
@@ -64,11 +76,9 @@ def lending_run(lending: bool, seed: int) -> tuple[Summary, float, int]:
     """GPU-only 1P3D, x5 surge from 8/min (about 0.6 of its λc, 12.4-13.3/min), BASIN with lending on or off:
     the summary, the hit rate of prompts that start prefill during the surge, and the number of prompts served
     from a lent unit."""
-    deployment = get_deployment("h200-1p3d", host_tier=0)
+    deployment = get_deployment(GPU_ONLY_SURGE.deployment, host_tier=GPU_ONLY_SURGE.host_tier)
     pool = load_workload("terminal-bench", seed=seed)
-    schedule = RateSchedule(
-        base_rate=8.0, duration_min=120, surge_factor=5.0, surge_start_min=15, surge_minutes=20
-    )
+    schedule = surge_schedule(GPU_ONLY_SURGE)
     policy = build_policy("basin", deployment, pool, seed)
     policy.config = dataclasses.replace(policy.config, lending=lending)  # type: ignore[attr-defined]
     sim = Simulation(SimulationConfig(deployment, schedule, seed=seed), policy, pool)
@@ -118,11 +128,9 @@ def test_lending_pays_on_average() -> None:
 @cache
 def no_order_run(seed: int) -> tuple[Summary, int]:
     """The main scenario with BASIN's priority order off: the summary and the most sessions parked at once."""
-    deployment = get_deployment("h200-1p3d")
+    deployment = get_deployment(HOST_TIER_SURGE.deployment, host_tier=HOST_TIER_SURGE.host_tier)
     pool = load_workload("terminal-bench", seed=seed)
-    schedule = RateSchedule(
-        base_rate=9.0, duration_min=120, surge_factor=5.0, surge_start_min=15, surge_minutes=20
-    )
+    schedule = surge_schedule(HOST_TIER_SURGE)
     policy = build_policy("basin", deployment, pool, seed)
     policy.config = dataclasses.replace(policy.config, ordering=False)  # type: ignore[attr-defined]
     result = Simulation(SimulationConfig(deployment, schedule, seed=seed), policy, pool).run()

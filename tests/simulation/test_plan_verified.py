@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from basin.evaluate.suites import ABLATION_SCENARIOS
 from basin.plan import Surge, WorkloadSpec, grid_verdicts, plan, verify
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("base_rate", [9.0, 8.0])  # the ablation suite's base rates (host tier, GPU-only)
+# The ablation suite's x5 surges' base rates (2x host tier, GPU-only).
+@pytest.mark.parametrize("base_rate", [scenario.base_rate for scenario in ABLATION_SCENARIOS[:2]])
 def test_the_recommended_split_recovers_and_the_last_one_traps(base_rate: float) -> None:
     surge = Surge(5, 20)
     workload = WorkloadSpec("terminal-bench")
