@@ -8,11 +8,11 @@ from functools import cache
 import pytest
 
 from basin.evaluate import Summary
-from basin.evaluate.suites import ABLATION_SCENARIOS, Scenario
+from basin.evaluate.suites import ABLATION_SCENARIOS
 from basin.evaluate.summary import hit_rate_between
 from basin.sim import Simulation, SimulationConfig, get_deployment
 from basin.sim.policies import build_policy
-from basin.workload import RateSchedule, load_workload
+from basin.workload import load_workload
 
 # Seed 0 in the quick run; seeds 1-4 with the slow tests (issue 15: claims hold on seeds 0-4).
 SEEDS = [0, *(pytest.param(seed, marks=pytest.mark.slow) for seed in range(1, 5))]
@@ -20,22 +20,11 @@ SEEDS = [0, *(pytest.param(seed, marks=pytest.mark.slow) for seed in range(1, 5)
 HOST_TIER_SURGE, GPU_ONLY_SURGE = ABLATION_SCENARIOS[:2]
 
 
-def surge_schedule(scenario: Scenario) -> RateSchedule:
-    assert scenario.base_rate is not None
-    return RateSchedule(
-        base_rate=scenario.base_rate,
-        duration_min=scenario.duration_min,
-        surge_factor=scenario.surge_factor,
-        surge_start_min=scenario.surge_start_min,
-        surge_minutes=scenario.surge_minutes,
-    )
-
-
 @cache
 def run(policy: str, prediction: str = "predictor", seed: int = 0) -> Summary:
     deployment = get_deployment(HOST_TIER_SURGE.deployment, host_tier=HOST_TIER_SURGE.host_tier)
     pool = load_workload("terminal-bench", seed=seed)
-    schedule = surge_schedule(HOST_TIER_SURGE)
+    schedule = HOST_TIER_SURGE.schedule()
     agent_policy = build_policy(policy, deployment, pool, seed, prediction)
     return Simulation(SimulationConfig(deployment, schedule, seed=seed), agent_policy, pool).run().summary
 
@@ -78,7 +67,7 @@ def lending_run(lending: bool, seed: int) -> tuple[Summary, float, int]:
     from a lent unit."""
     deployment = get_deployment(GPU_ONLY_SURGE.deployment, host_tier=GPU_ONLY_SURGE.host_tier)
     pool = load_workload("terminal-bench", seed=seed)
-    schedule = surge_schedule(GPU_ONLY_SURGE)
+    schedule = GPU_ONLY_SURGE.schedule()
     policy = build_policy("basin", deployment, pool, seed)
     policy.config = dataclasses.replace(policy.config, lending=lending)  # type: ignore[attr-defined]
     sim = Simulation(SimulationConfig(deployment, schedule, seed=seed), policy, pool)
@@ -130,7 +119,7 @@ def no_order_run(seed: int) -> tuple[Summary, int]:
     """The main scenario with BASIN's priority order off: the summary and the most sessions parked at once."""
     deployment = get_deployment(HOST_TIER_SURGE.deployment, host_tier=HOST_TIER_SURGE.host_tier)
     pool = load_workload("terminal-bench", seed=seed)
-    schedule = surge_schedule(HOST_TIER_SURGE)
+    schedule = HOST_TIER_SURGE.schedule()
     policy = build_policy("basin", deployment, pool, seed)
     policy.config = dataclasses.replace(policy.config, ordering=False)  # type: ignore[attr-defined]
     result = Simulation(SimulationConfig(deployment, schedule, seed=seed), policy, pool).run()

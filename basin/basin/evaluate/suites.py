@@ -24,8 +24,12 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from basin.evaluate.summary import LATE_S, Summary, summarize
+
+if TYPE_CHECKING:
+    from basin.workload import RateSchedule
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,24 @@ class Scenario:
     post_surge_fraction: float | None = None  # arrivals after the surge, as a share of λc (None: base)
     activate_min: float | None = None  # systems run as HiCache alone until this minute ("late")
     measure_until_min: float = 90.0  # session metrics cover arrivals before this minute (§7.1)
+
+    def schedule(self, lambda_c: float | None = None) -> RateSchedule:
+        """The scenario's arrivals; shares of λc need `lambda_c` (a fixed `base_rate` does not)."""
+        from basin.workload import RateSchedule
+
+        def share(fraction: float) -> float:
+            if lambda_c is None:
+                raise ValueError(f"{self.name}: a rate given as a share of λc needs λc")
+            return fraction * lambda_c
+
+        return RateSchedule(
+            base_rate=share(self.base_fraction) if self.base_rate is None else self.base_rate,
+            duration_min=self.duration_min,
+            surge_factor=self.surge_factor,
+            surge_start_min=self.surge_start_min,
+            surge_minutes=self.surge_minutes,
+            post_surge_rate=None if self.post_surge_fraction is None else share(self.post_surge_fraction),
+        )
 
 
 @dataclass(frozen=True)
@@ -223,23 +245,14 @@ def run_scenario(
     from basin.policy import BasinConfig
     from basin.sim import Simulation, SimulationConfig, get_deployment
     from basin.sim.policies import build_policy
-    from basin.workload import RateSchedule, load_workload
+    from basin.workload import load_workload
 
     deployment = get_deployment(scenario.deployment, host_tier=scenario.host_tier)
     pool = load_workload(
         workload, seed=seed, tool_time_scale=scenario.tool_time_scale, shared_prefix=shared_prefix
     )
     kappa, lambda_c = profile_for(scenario, seed, shared_prefix)
-    schedule = RateSchedule(
-        base_rate=scenario.base_fraction * lambda_c if scenario.base_rate is None else scenario.base_rate,
-        duration_min=scenario.duration_min,
-        surge_factor=scenario.surge_factor,
-        surge_start_min=scenario.surge_start_min,
-        surge_minutes=scenario.surge_minutes,
-        post_surge_rate=None
-        if scenario.post_surge_fraction is None
-        else scenario.post_surge_fraction * lambda_c,
-    )
+    schedule = scenario.schedule(lambda_c)
     policy = build_policy(system.policy, deployment, pool, seed, kappa=kappa, lambda_c_per_min=lambda_c)
     if system.config_changes:
         config = dataclasses.replace(BasinConfig(), **dict(system.config_changes))
