@@ -3,8 +3,8 @@
 Each deployment (1P1D/1P2D/1P3D on H200 × GPU-only or a host tier of 2/10/40× × tool time ×1/3/10) is
 classified twice. The model: which bound limits first (`basin.fluid.analyze`): decode, or the prefill side
 (closed loop and cache-dependent prefill, labelled "cache"). The simulator: raise a steady load through
-0.8–2× the model's departure peak and read the first run whose last 20 minutes are degraded
-(`simulated_limit`).
+0.8–4× the model's departure peak and read the first run whose last 20 minutes are degraded
+(`simulated_limit`). Each run lasts long enough for its population to settle first (`steady_run_minutes`).
 """
 
 from __future__ import annotations
@@ -13,19 +13,26 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from basin.evaluate.summary import Window
 from basin.fluid import FluidModel, FluidParameters, analyze
 from basin.policy import make_policy
+from basin.profile import settle_step_minutes
 from basin.sim import Simulation, SimulationConfig, get_deployment
 from basin.workload import RateSchedule, load_workload
+
+if TYPE_CHECKING:
+    from basin.workload import Session
 
 PRESETS = ("h200-1p1d", "h200-1p2d", "h200-1p3d")
 HOST_TIERS = (0.0, 2.0, 10.0, 40.0)
 TOOL_SCALES = (1.0, 3.0, 10.0)
-LOAD_FACTORS = (0.8, 1.0, 1.25, 1.5, 2.0)
+LOAD_FACTORS = (0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0)  # until something limits (tool time ×10 2× tiers: 3×)
 DECODE_FULL = 0.9
 HIT_DROP = 0.10
+READ_WINDOW_MINUTES = 20.0  # a run's last 20-minute window says whether it degraded
+MIN_RUN_MINUTES = 60.0
 
 
 @dataclass(frozen=True)
@@ -35,7 +42,7 @@ class GridPoint:
     tool_scale: float
     model_first_limit: str
     model_ratio: float  # peak throughput without decode over the decode bound
-    simulated_first_limit: str  # cache, prefill, decode, or none (no degradation up to 2x the model's peak)
+    simulated_first_limit: str  # cache, prefill, decode, or none (no degradation up to 4x the model's peak)
     degraded_at_per_min: float | None
 
     @property
@@ -89,9 +96,19 @@ def simulated_first_limit(
     return "none", None
 
 
+def steady_run_minutes(deployment_name: str, host_tier: float, pool: Sequence[Session]) -> float:
+    """A steady run long enough that a load which will degrade has degraded before its last window is
+    read: the population settles over a profiling ramp step (three mean unloaded session lifetimes,
+    `settle_step_minutes`), then the 20-minute window is read; at least an hour. Sessions with tool time
+    ×10 live ~69 minutes unloaded (×3: ~23), so a fixed hour read those deployments before their
+    population had built up: GPU-only 1P3D with tool time ×3 looked sound at twice the model's peak
+    after 60 minutes and was trapped by minute 80 (seed 0)."""
+    return max(MIN_RUN_MINUTES, settle_step_minutes(deployment_name, pool, host_tier) + READ_WINDOW_MINUTES)
+
+
 def run_grid(
     seed: int = 0,
-    duration_min: float = 60.0,
+    duration_min: float | None = None,
     points: list[tuple[str, float, float]] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> list[GridPoint]:
@@ -101,8 +118,9 @@ def run_grid(
         deployment = get_deployment(preset, host_tier=host_tier)
         pool = load_workload("terminal-bench", seed=seed, tool_time_scale=tool_scale)
         analysis = analyze(FluidModel(FluidParameters.from_workload(deployment, pool)), 0.0)
+        minutes = duration_min if duration_min is not None else steady_run_minutes(preset, host_tier, pool)
         limit, rate = simulated_first_limit(
-            preset, host_tier, tool_scale, analysis.d_peak_per_min, seed, duration_min
+            preset, host_tier, tool_scale, analysis.d_peak_per_min, seed, minutes
         )
         results.append(
             GridPoint(

@@ -6,7 +6,15 @@ import pytest
 
 from basin.evaluate.summary import Window
 from basin.fluid import FluidModel, FluidParameters, analyze
-from basin.grid import GridPoint, agreement, run_grid, simulated_first_limit, simulated_limit
+from basin.grid import (
+    GridPoint,
+    agreement,
+    run_grid,
+    simulated_first_limit,
+    simulated_limit,
+    steady_run_minutes,
+)
+from basin.profile import settle_step_minutes
 from basin.sim import get_deployment
 from basin.workload import load_workload
 
@@ -72,6 +80,26 @@ def test_a_large_host_tier_runs_out_of_decode_before_reuse() -> None:
         "h200-1p3d", 10.0, 1.0, analysis.d_peak_per_min, seed=0, duration_min=60.0
     )
     assert limit == "decode" and rate == pytest.approx(1.25 * analysis.d_peak_per_min)
+
+
+def test_runs_last_until_the_population_settles() -> None:
+    """An hour suffices for Terminal-Bench's ~10-minute sessions; with tool time x3 (sessions ~23 minutes
+    unloaded) a run lasts a profiling ramp step, three lifetimes, before its last 20-minute window."""
+    assert steady_run_minutes("h200-1p3d", 0.0, POOL) == 60.0
+    slow = load_workload("terminal-bench", seed=0, tool_time_scale=3.0)
+    minutes = steady_run_minutes("h200-1p3d", 0.0, slow)
+    assert minutes == settle_step_minutes("h200-1p3d", slow, 0.0) + 20.0
+    assert minutes > 80.0
+
+
+def test_long_tool_gaps_trap_once_the_population_has_built_up() -> None:
+    """GPU-only 1P3D with tool time x3: the model flags it (its prefill side peaks at 0.16 of the decode
+    bound) and the simulator agrees once its runs are long enough. Measured (seed 0): at twice the model's
+    peak (11.3/min) reuse holds at 0.83-0.85 for an hour and falls to 0.3 by minute 80; read after an hour,
+    no run degraded and the deployment was classified `none`, as decode-limited."""
+    (point,) = run_grid(points=[("h200-1p3d", 0.0, 3.0)])
+    assert point.model_first_limit == "cache"
+    assert point.simulated_first_limit == "cache"
 
 
 def test_agreement_counts() -> None:
