@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from basin.evaluate.summary import Window
+from basin.evaluate.summary import LONG_WINDOW_S, Window
 from basin.fluid import FluidModel, FluidParameters, analyze
 from basin.policy import make_policy
 from basin.profile import settle_step_minutes
@@ -31,7 +31,6 @@ TOOL_SCALES = (1.0, 3.0, 10.0)
 LOAD_FACTORS = (0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0)  # until something limits (tool time ×10 2× tiers: 3×)
 DECODE_FULL = 0.9
 HIT_DROP = 0.10
-READ_WINDOW_MINUTES = 20.0  # a run's last 20-minute window says whether it degraded
 MIN_RUN_MINUTES = 60.0
 
 
@@ -103,7 +102,7 @@ def steady_run_minutes(deployment_name: str, host_tier: float, pool: Sequence[Se
     ×10 live ~69 minutes unloaded (×3: ~23), so a fixed hour read those deployments before their
     population had built up: GPU-only 1P3D with tool time ×3 looked sound at twice the model's peak
     after 60 minutes and was trapped by minute 80 (seed 0)."""
-    return max(MIN_RUN_MINUTES, settle_step_minutes(deployment_name, pool, host_tier) + READ_WINDOW_MINUTES)
+    return max(MIN_RUN_MINUTES, settle_step_minutes(deployment_name, pool, host_tier) + LONG_WINDOW_S / 60)
 
 
 def run_grid(
