@@ -2,7 +2,9 @@
 
 dN/dt = λ(t) − X(N)/K (Eq. 1): sessions arrive at λ and leave at call throughput over calls per session.
 X(N) is the smooth minimum of three bounds:
-- closed loop: N / (g + L0), each session has one call in flight or is running a tool;
+- closed loop: N / (g + L(N)), each session has one call in flight or is running a tool; L(N) is the
+  unloaded call time L0 plus the decode slowdown of the batch the population implies (the paper writes
+  L0; on one decode instance the batch lengthens calls enough to move the crossover, docs/models.md);
 - prefill: μ_p / u(N), with uncached work per call u(N) = max(n_new, (1 − h(W/C)) P) and W = N c̄;
 - decode: requests whose KV fits decode memory, over their decode time.
 The departure curve D(N) = X(N)/K rises, peaks at N*, and (when the cache limits first) falls toward the
@@ -43,6 +45,8 @@ class FluidParameters:
     prefill_tokens_per_s: float  # μ_p, aggregate, at the mean prompt position
     decode_requests_fit: float  # requests whose reservation fits decode memory, aggregate
     decode_call_s: float  # decode time of one call at that batch
+    decode_instances: float
+    decode_slowdown_s: float  # how much longer one call's decode gets per extra request in its batch
     kappa: float = 1.0
 
     @classmethod
@@ -72,7 +76,9 @@ class FluidParameters:
         output = float(np.mean(outputs))
         reservation = prompt + deployment.reserved_decode_tokens
         per_instance = max(gpu.decode_kv_tokens // reservation, 1)
-        step = decode_step_seconds(gpu, int(per_instance), per_instance * (prompt + output / 2))
+        context = prompt + output / 2
+        step = decode_step_seconds(gpu, int(per_instance), per_instance * context)
+        extra_request_s = decode_step_seconds(gpu, 2, 2 * context) - decode_step_seconds(gpu, 1, context)
         per_token = prefill_seconds(gpu, 1, int(prompt / 2))
         calls = sum(len(s.calls) for s in sessions)
         return cls(
@@ -88,6 +94,8 @@ class FluidParameters:
             prefill_tokens_per_s=deployment.prefill_instances / per_token,
             decode_requests_fit=float(per_instance * deployment.decode_instances),
             decode_call_s=output * step,
+            decode_instances=float(deployment.decode_instances),
+            decode_slowdown_s=output * extra_request_s,
             kappa=kappa,
         )
 
@@ -97,8 +105,17 @@ class FluidModel:
         self.p = params
 
     # --------------------------------------------------------------- bounds (calls per second)
+    def call_seconds(self, n: np.ndarray) -> np.ndarray:
+        """L(N): the unloaded call time plus the decode slowdown at the batch N sessions keep on each decode
+        instance (N·f over the instances, f the unloaded service share), up to the batch that fits memory."""
+        p = self.p
+        share = p.unloaded_call_s / (p.unloaded_call_s + p.tool_gap_s)
+        fit = p.decode_requests_fit / p.decode_instances
+        batch = np.clip(n * share / p.decode_instances, 1.0, max(fit, 1.0))
+        return p.unloaded_call_s + p.decode_slowdown_s * (batch - 1.0)
+
     def closed_loop(self, n: np.ndarray) -> np.ndarray:
-        return n / (self.p.tool_gap_s + self.p.unloaded_call_s)
+        return n / (self.p.tool_gap_s + self.call_seconds(n))
 
     def hit_rate(self, n: np.ndarray) -> np.ndarray:
         return reference_hit_rate(n * self.p.context_tokens / self.p.cache_tokens, self.p.kappa)
