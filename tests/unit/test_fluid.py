@@ -85,6 +85,27 @@ def test_decode_instances_and_tool_time_shift_the_first_limit_toward_the_cache()
     assert analyze(model("h200-1p3d"), 5).first_limit == "cache"
 
 
+def test_calls_slow_with_the_decode_batch_the_population_implies() -> None:
+    """L(N) starts at the unloaded call time, grows with the per-instance batch and stops growing where
+    decode memory is full; three decode instances split the batch, so their calls slow less."""
+    one, three = model("h200-1p1d", host_tier=0), model("h200-1p3d", host_tier=0)
+    n = np.array([1.0, 60.0, 120.0, 10_000.0, 20_000.0])
+    slow = one.call_seconds(n)
+    assert slow[0] == pytest.approx(one.p.unloaded_call_s)
+    assert np.all(np.diff(slow[:4]) > 0)
+    assert slow[3] == pytest.approx(slow[4])  # the batch is capped at what fits
+    assert three.call_seconds(n)[2] - three.p.unloaded_call_s < 0.5 * (slow[2] - one.p.unloaded_call_s)
+
+
+def test_gpu_only_1p1d_is_cache_first_once_calls_slow_under_load() -> None:
+    """The grid's GPU-only 1P1D at tool time x1 is cache-first in the simulator (docs/models.md); with the
+    unloaded L0 in the closed loop the model put it at 1.04x the decode bound, past the 1 % tolerance."""
+    m = model("h200-1p1d", host_tier=0)
+    assert analyze(m, 5).first_limit == "cache"
+    unloaded = FluidModel(replace(m.p, decode_slowdown_s=0.0))
+    assert analyze(unloaded, 5).first_limit == "decode"
+
+
 def test_drain_time_is_backlog_over_the_departure_surplus() -> None:
     result = analyze(model("h200-1p3d"), 8, backlog_sessions=120)
     assert result.drain_minutes == pytest.approx(120 / (result.d_peak_per_min - 8))
