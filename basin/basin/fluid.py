@@ -49,6 +49,11 @@ class FluidParameters:
     decode_slowdown_s: float  # how much longer one call's decode gets per extra request in its batch
     kappa: float = 1.0
 
+    @property
+    def service_fraction(self) -> float:
+        """f = L0 / (L0 + g): the share of an unloaded session's time spent with a call in service."""
+        return self.unloaded_call_s / (self.unloaded_call_s + self.tool_gap_s)
+
     @classmethod
     def from_workload(
         cls, deployment: Deployment, sessions: Sequence[Session], kappa: float = 1.0
@@ -109,9 +114,8 @@ class FluidModel:
         """L(N): the unloaded call time plus the decode slowdown at the batch N sessions keep on each decode
         instance (N·f over the instances, f the unloaded service share), up to the batch that fits memory."""
         p = self.p
-        share = p.unloaded_call_s / (p.unloaded_call_s + p.tool_gap_s)
         fit = p.decode_requests_fit / p.decode_instances
-        batch = np.clip(n * share / p.decode_instances, 1.0, max(fit, 1.0))
+        batch = np.clip(n * p.service_fraction / p.decode_instances, 1.0, max(fit, 1.0))
         return p.unloaded_call_s + p.decode_slowdown_s * (batch - 1.0)
 
     def closed_loop(self, n: np.ndarray) -> np.ndarray:
@@ -192,7 +196,7 @@ def analyze(model: FluidModel, base_rate_per_min: float, backlog_sessions: float
     without_decode = np.minimum(model.closed_loop(n), model.prefill_bound(n))
     ratio = float(without_decode.max() / model.decode_bound())
     first_limit = "cache" if ratio < 1.0 + CACHE_FIRST_TOLERANCE else "decode"
-    f = p.unloaded_call_s / (p.unloaded_call_s + p.tool_gap_s)
+    f = p.service_fraction
     cliff_n = p.kappa * KNEE * p.cache_tokens / p.context_tokens
     decode_n = p.decode_kv_tokens / (f * p.context_tokens)
     if lam > d_peak:
