@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from basin.evaluate.summary import LONG_WINDOW_S, Window
+from basin.evaluate.summary import HIT_DROP, LONG_WINDOW_S, Window
 from basin.fluid import FluidModel, FluidParameters, analyze
 from basin.policy import make_policy
 from basin.profile import settle_step_minutes
@@ -30,7 +30,6 @@ HOST_TIERS = (0.0, 2.0, 10.0, 40.0)
 TOOL_SCALES = (1.0, 3.0, 10.0)
 LOAD_FACTORS = (0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0)  # until something limits (tool time ×10 2× tiers: 3×)
 DECODE_FULL = 0.9
-HIT_DROP = 0.10
 MIN_RUN_MINUTES = 60.0
 
 

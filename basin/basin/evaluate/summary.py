@@ -35,7 +35,7 @@ ITL_SHARE_SLO = 0.05
 DEGRADED_TTFT_S = 5.0
 DEGRADED_WAIT_S = 300.0
 DEGRADED_NEVER_START = 0.25
-HIT_DROP = 0.10
+HIT_DROP = 0.10  # reuse counts as lost this far below its healthy level (trapped label; grid cache limit)
 IMPROVING = 0.25
 
 
