@@ -54,10 +54,12 @@ def fit_kappa(samples: Sequence[RampSample]) -> float:
     plateau = float(np.max(h[: max(2, len(h) // 3)]))
     floor = float(np.min(h))
     halfway = (plateau + floor) / 2
-    if plateau - floor < 0.2 or not (h <= plateau - PLATEAU_DROP * (plateau - HIT_FLOOR)).any():
+    off_plateau = min(plateau - 0.2, plateau - PLATEAU_DROP * (plateau - HIT_FLOOR))
+    if floor > off_plateau:
         raise BasinError(
             f"the ramp never left the healthy plateau (hit rate {floor:.2f}-{plateau:.2f} up to a working set"
-            f" of {x.max():.2f}x the cache): raise the ramp's top rate or add steps"
+            f" of {x.max():.2f}x the cache; leaving it takes a step at or below {off_plateau:.2f}): raise"
+            " the ramp's top rate or add steps"
         )
     below = int(np.argmax(h <= halfway))
     if below == 0:

@@ -148,7 +148,7 @@ def test_the_job_profiles_the_emulator_and_the_operator_takes_it(
             prefill={"hicache": {"hostRatio": 0}},
             # Five 10-minute steps end before the population settles, so the working set lags the rate.
             # Up to 2x the fluid peak (4.22/min with the loaded call time) the last step fell only to a hit
-            # rate of 0.49-0.52 on a quiet machine and 0.65 in one CI run, against the 0.63 that counts as
+            # rate of 0.49-0.52 on a quiet machine and 0.65 in one CI run, against the 0.635 that counts as
             # leaving the plateau. Up to 2.5x it falls to 0.32-0.33 (W/C 3.9): past the cliff with room.
             profiling={"ramps": 1, "steps": 5, "stepSeconds": 600, "topRate": 2.5},
         ),

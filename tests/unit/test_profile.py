@@ -32,6 +32,11 @@ def test_fit_is_robust_to_a_lower_plateau_and_noise() -> None:
 def test_a_ramp_that_stays_on_the_plateau_is_refused() -> None:
     with pytest.raises(BasinError, match="never left the healthy plateau"):
         fit_kappa(synthetic_ramp(1.0, top=1.5))
+    # The error says how low a step must fall: halfway from the plateau to the reference floor (0.30).
+    rising = [RampSample(0.7, 0.97), RampSample(1.0, 0.95), RampSample(1.7, 0.90)]
+    with pytest.raises(BasinError, match=r"hit rate 0\.65-0\.97 .* at or below 0\.64\)"):
+        fit_kappa([*rising, RampSample(2.7, 0.65)])
+    assert fit_kappa([*rising, RampSample(2.7, 0.60)]) > 0
     with pytest.raises(BasinError, match="at least 3 ramp samples"):
         fit_kappa([RampSample(0.5, 0.9), RampSample(3.0, float("nan"))])
 
