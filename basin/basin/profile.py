@@ -27,6 +27,7 @@ _REFERENCE_X = np.linspace(0.0, 6.0, 60001)
 _REFERENCE_H = reference_hit_rate(_REFERENCE_X)
 REFERENCE_MIDPOINT = float(_REFERENCE_X[np.argmax(_REFERENCE_H <= (HIT_AT_KNEE + HIT_FLOOR) / 2)])
 PLATEAU_DROP = 0.5  # a ramp must fall at least halfway from its plateau to count as having left it
+PLATEAU_MIN_FALL = 0.2  # ... and at least this far in hit rate, whatever the plateau
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ def fit_kappa(samples: Sequence[RampSample]) -> float:
     plateau = float(np.max(h[: max(2, len(h) // 3)]))
     floor = float(np.min(h))
     halfway = (plateau + floor) / 2
-    off_plateau = min(plateau - 0.2, plateau - PLATEAU_DROP * (plateau - HIT_FLOOR))
+    off_plateau = min(plateau - PLATEAU_MIN_FALL, plateau - PLATEAU_DROP * (plateau - HIT_FLOOR))
     if floor > off_plateau:
         raise BasinError(
             f"the ramp never left the healthy plateau (hit rate {floor:.2f}-{plateau:.2f} up to a working set"
