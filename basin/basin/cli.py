@@ -1317,6 +1317,20 @@ def evaluate_command(suite: str, seed: int, json_out: str | None, plot_out: str 
     help="all, or a comma list of headline, main, surge-sweep, steady, post-surge, late, ablation.",
 )
 @click.option(
+    "--scenario",
+    "only_scenarios",
+    multiple=True,
+    metavar="NAME",
+    help="Only this scenario, named as the report names it (repeat for more).",
+)
+@click.option(
+    "--system",
+    "only_systems",
+    multiple=True,
+    metavar="NAME",
+    help="Only this system, named as the report names it (repeat for more).",
+)
+@click.option(
     "--jobs",
     type=click.IntRange(min=1),
     default=None,
@@ -1347,6 +1361,8 @@ def evaluate_command(suite: str, seed: int, json_out: str | None, plot_out: str 
 def report_command(
     seeds: str,
     suites: str,
+    only_scenarios: tuple[str, ...],
+    only_systems: tuple[str, ...],
     jobs: int | None,
     out: str,
     json_out: str | None,
@@ -1365,8 +1381,11 @@ def report_command(
         if path and path != "-":
             _writable(path)
     if from_json:
-        if shared_prefix is not None:
-            raise BasinError("--shared-prefix applies to runs; --from-json re-renders the file's own")
+        if shared_prefix is not None or only_scenarios or only_systems:
+            raise BasinError(
+                "--shared-prefix, --scenario and --system apply to runs;"
+                " --from-json re-renders the file's own"
+            )
         try:
             data = report.check_payload(json.loads(Path(from_json).read_text()))
         except json.JSONDecodeError as error:
@@ -1374,15 +1393,23 @@ def report_command(
     else:
         seed_list, suite_list = report.parse_seeds(seeds), report.parse_suites(suites)
         jobs = jobs or os.cpu_count() or 1
-        total = report.run_count(suite_list, seed_list)
+        total = report.run_count(suite_list, seed_list, only_scenarios, only_systems)
         measured_on = report.commit()
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with _progress(*columns, disable=json_out == "-" or out == "-") as progress:
             task = progress.add_task(f"{len(seed_list)} seeds × {', '.join(suite_list)}: runs", total=total)
             rows = report.run_report(
-                suite_list, seed_list, jobs, lambda n: progress.advance(task, n), shared_prefix
+                suite_list,
+                seed_list,
+                jobs,
+                lambda n: progress.advance(task, n),
+                shared_prefix,
+                only_scenarios,
+                only_systems,
             )
-        data = report.payload(rows, suite_list, seed_list, measured_on, shared_prefix)
+        data = report.payload(
+            rows, suite_list, seed_list, measured_on, shared_prefix, only_scenarios, only_systems
+        )
     _write_json(data, json_out)
     text = report.render(data)
     if out == "-":

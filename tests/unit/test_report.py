@@ -102,6 +102,12 @@ def test_from_json_round_trip(data: dict, tmp_path: Path) -> None:
         (["--seeds", "x"], "--seeds takes"),
         (["--suites", "main,nope"], "unknown suite nope"),
         (["--jobs", "0"], "--jobs"),
+        (["--suites", "main", "--scenario", "1P3D x9 surge"], "no scenario '1P3D x9 surge' in suite main"),
+        (["--suites", "headline", "--system", "CONCUR"], "no system 'CONCUR' in suite headline"),
+        (
+            ["--suites", "headline,late", "--scenario", "1P3D x5 surge", "--system", "Crossflow"],
+            "nothing to run",
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args: list[str], message: str, tmp_path: Path) -> None:
@@ -236,6 +242,47 @@ def test_from_json_rejects_a_bad_shared_prefix(value: object, tmp_path: Path, da
         report.check_payload(json.loads(path.read_text()))
 
 
+def test_cli_scenario_and_system_limit_the_runs_and_the_report_names_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """One cell over many seeds (how docs/simulator.md measures HiCache alone's chance of a trap): only the
+    named scenario and system run, the report says so, and without BASIN it shows no margin table."""
+    from click.testing import CliRunner
+
+    from basin.cli import cli
+
+    calls: list[tuple[str, tuple[str, ...], int]] = []
+
+    def fake(scenario: Scenario, systems: tuple[System, ...], seed: int, shared_prefix: int | None = None):
+        calls.append((scenario.name, tuple(s.name for s in systems), seed))
+        return _fake_rows(scenario, systems, seed, shared_prefix)
+
+    monkeypatch.setattr(report, "scenario_rows", fake)
+    out, rows = tmp_path / "report.md", tmp_path / "rows.json"
+    cell = ["--scenario", "1P1D x5 surge, tools x3", "--system", "HiCache alone"]
+    args = ["report", "--seeds", "0-2", "--suites", "main", *cell, "--jobs", "1", "--out", str(out)]
+    result = CliRunner().invoke(cli, [*args, "--json", str(rows)])
+    assert result.exit_code == 0, result.output
+    assert calls == [("1P1D x5 surge, tools x3", ("HiCache alone",), seed) for seed in (0, 1, 2)]
+    data = json.loads(rows.read_text())
+    assert data["only_scenarios"] == ["1P1D x5 surge, tools x3"] and data["only_systems"] == ["HiCache alone"]
+    assert report.run_count(["main"], [0, 1, 2], data["only_scenarios"], data["only_systems"]) == 3
+    text = out.read_text()
+    assert text == report.render(data)
+    assert "Only the scenario '1P1D x5 surge, tools x3' (`--scenario`)." in text
+    assert "--scenario '1P1D x5 surge, tools x3' --system 'HiCache alone' --out FILE" in text
+    assert "| 200 [100–300] | healthy 3/3 |" in _line(text, "1P1D x5 surge, tools x3", "HiCache alone")
+    assert "BASIN over the strongest" not in text
+    both = report.run_report(["main"], [0], scenarios=["1P3D x5 surge"], systems=["BASIN", "Continuum"])
+    assert [(r["scenario"], r["system"]) for r in both] == [
+        ("1P3D x5 surge", "BASIN"),
+        ("1P3D x5 surge", "Continuum"),
+    ]
+    assert "2.00×" in _line(
+        report.render(report.payload(both, ["main"], [0])), "1P3D x5 surge", "Continuum 1/1"
+    )
+
+
 def test_shared_prefix_with_from_json_is_one_line_exit_2(tmp_path: Path, data: dict) -> None:
     path = tmp_path / "rows.json"
     path.write_text(json.dumps(data))
@@ -245,7 +292,7 @@ def test_shared_prefix_with_from_json_is_one_line_exit_2(tmp_path: Path, data: d
         text=True,
     )
     assert run.returncode == 2 and run.stderr.count("\n") == 1
-    assert "--shared-prefix applies to runs" in run.stderr
+    assert "--shared-prefix, --scenario and --system apply to runs" in run.stderr
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ per-seed rows are kept as JSON so the Markdown can be re-rendered without rerunn
 from __future__ import annotations
 
 import math
+import shlex
 import subprocess
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -56,10 +57,41 @@ def parse_suites(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _run_task(suite: str, index: int, seed: int, shared_prefix: int | None = None) -> list[dict]:
-    """One scenario of a suite on one seed, all its systems (the unit a worker process runs)."""
+def plan(
+    suites: list[str], scenarios: Iterable[str] = (), systems: Iterable[str] = ()
+) -> list[tuple[str, int, tuple[str, ...]]]:
+    """(suite, scenario index, system names) of every cell to run: all of each suite, or only the named
+    scenarios and systems (`--scenario`, `--system`); a name no chosen suite has is a one-line error."""
+    only_scenarios, only_systems = set(scenarios), set(systems)
+    for kind, names, known in (
+        ("scenario", only_scenarios, {sc.name for s in suites for sc in SUITES[s][0]}),
+        ("system", only_systems, {sy.name for s in suites for sy in SUITES[s][1]}),
+    ):
+        unknown = sorted(names - known)
+        if unknown:
+            raise BasinError(
+                f"no {kind} {', '.join(map(repr, unknown))} in suite {', '.join(suites)}; its {kind}s are"
+                f" {', '.join(map(repr, sorted(known)))}"
+            )
+    cells = []
+    for suite in suites:
+        suite_scenarios, suite_systems = SUITES[suite]
+        names = tuple(sy.name for sy in suite_systems if not only_systems or sy.name in only_systems)
+        for index, scenario in enumerate(suite_scenarios):
+            if names and (not only_scenarios or scenario.name in only_scenarios):
+                cells.append((suite, index, names))
+    if not cells:
+        raise BasinError("no suite has both the chosen scenarios and the chosen systems; nothing to run")
+    return cells
+
+
+def _run_task(
+    suite: str, index: int, system_names: tuple[str, ...], seed: int, shared_prefix: int | None = None
+) -> list[dict]:
+    """One scenario of a suite on one seed, the named systems (the unit a worker process runs)."""
     scenarios, systems = SUITES[suite]
-    rows = scenario_rows(scenarios[index], systems, seed, shared_prefix=shared_prefix)
+    chosen = tuple(s for s in systems if s.name in system_names)
+    rows = scenario_rows(scenarios[index], chosen, seed, shared_prefix=shared_prefix)
     return [{"suite": suite, "seed": seed, **r.to_dict()} for r in rows]
 
 
@@ -69,11 +101,15 @@ def run_report(
     jobs: int = 1,
     advance: Callable[[int], None] | None = None,
     shared_prefix: int | None = None,
+    scenarios: Iterable[str] = (),
+    systems: Iterable[str] = (),
 ) -> list[dict]:
-    """Per-seed rows of every suite; `advance(n)` reports n more finished runs (scenario × system);
-    `shared_prefix` opens every session with that many tokens all sessions share (`load_workload`)."""
-    tasks = [(suite, i, seed) for suite in suites for seed in seeds for i in range(len(SUITES[suite][0]))]
-    results: dict[tuple[str, int, int], list[dict]] = {}
+    """Per-seed rows of every suite (or of the named `scenarios` and `systems` only); `advance(n)` reports
+    n more finished runs (scenario × system); `shared_prefix` opens every session with that many tokens
+    all sessions share (`load_workload`)."""
+    cells = plan(suites, scenarios, systems)
+    tasks = [(s, i, names, seed) for suite in suites for seed in seeds for s, i, names in cells if s == suite]
+    results: dict[tuple[str, int, tuple[str, ...], int], list[dict]] = {}
     if jobs <= 1:
         for task in tasks:
             results[task] = _run_task(*task, shared_prefix)
@@ -89,8 +125,10 @@ def run_report(
     return [row for task in tasks for row in results[task]]  # the same order whatever the jobs
 
 
-def run_count(suites: list[str], seeds: list[int]) -> int:
-    return sum(len(SUITES[s][0]) * len(SUITES[s][1]) for s in suites) * len(seeds)
+def run_count(
+    suites: list[str], seeds: list[int], scenarios: Iterable[str] = (), systems: Iterable[str] = ()
+) -> int:
+    return sum(len(names) for _, _, names in plan(suites, scenarios, systems)) * len(seeds)
 
 
 def commit() -> str:
@@ -113,9 +151,12 @@ def payload(
     seeds: list[int],
     measured_on: str | None = None,
     shared_prefix: int | None = None,
+    scenarios: Iterable[str] = (),
+    systems: Iterable[str] = (),
 ) -> dict:
     """The JSON of a report; `measured_on` is the commit taken before the runs (edits during a long run
-    must not relabel it). `shared_prefix` is kept only when the runs had one."""
+    must not relabel it). `shared_prefix`, and the `scenarios` and `systems` a run was limited to, are
+    kept only when given."""
     data = {
         "schema": SCHEMA,
         "commit": measured_on or commit(),
@@ -126,6 +167,9 @@ def payload(
     }
     if shared_prefix is not None:
         data["shared_prefix"] = shared_prefix
+    for key, names in (("only_scenarios", list(scenarios)), ("only_systems", list(systems))):
+        if names:
+            data[key] = names
     return data
 
 
@@ -136,6 +180,10 @@ def check_payload(data: object) -> dict:
     shared = data.get("shared_prefix")
     if shared is not None and (not isinstance(shared, int) or isinstance(shared, bool) or shared < 0):
         raise BasinError(f"--from-json: shared_prefix must be a token count, got {shared!r}")
+    for key in ("only_scenarios", "only_systems"):
+        names = data.get(key, [])
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise BasinError(f"--from-json: {key} must be a list of names, got {names!r}")
     return data
 
 
@@ -207,14 +255,28 @@ def render(data: dict) -> str:
             " cache, in the profiles' ramps too (`--shared-prefix`).",
         ]
     )
+    only = {
+        flag: data.get(key, []) for flag, key in (("scenario", "only_scenarios"), ("system", "only_systems"))
+    }
+    only_args = "".join(f" --{flag} {shlex.quote(name)}" for flag, names in only.items() for name in names)
+    only_text = [
+        f"Only the {flag}{'s' * (len(names) > 1)} {', '.join(map(repr, names))} (`--{flag}`)."
+        for flag, names in only.items()
+        if names
+    ]
     lines = [
         "# Evaluation over seeds",
         "",
         f"Seeds {seed_text} ({len(seeds)}); suites: {', '.join(suites)}. Measured on commit"
         f" `{data.get('commit', 'unknown')}`, {data.get('generated', '')}.",
         *shared_text,
-        f"Regenerate with `basin report --seeds {seed_arg} --suites {','.join(suites)}"
-        + (" --out docs/evaluation.md" if shared is None else f" --shared-prefix {shared} --out FILE")
+        *only_text,
+        f"Regenerate with `basin report --seeds {seed_arg} --suites {','.join(suites)}{only_args}"
+        + (
+            " --out docs/evaluation.md"
+            if shared is None and not only_args
+            else (f" --shared-prefix {shared}" if shared is not None else "") + " --out FILE"
+        )
         + " --json FILE`; re-render from that JSON with `basin report --from-json FILE`.",
         "",
         *(
@@ -255,29 +317,35 @@ def render(data: dict) -> str:
                     f"| {scenario} | {system} | {_span(_number(r['goodput_sessions_per_h']) for r in cell)}"
                     f" | {states(r['label'] for r in cell)} | {_paper_cell(figure, ours)} |"
                 )
-        lines += [
-            "",
-            "BASIN over the strongest baseline (per seed, the best of this suite's other systems,"
-            " BASIN variants excluded):",
-            "",
-            "| scenario | BASIN over strongest | strongest (seeds) | paper |",
-            "|---|---|---|---|",
-        ]
+        margin_lines = []
         for scenario in scenarios:
             margins, strongest = [], []
             for seed in seeds:
                 seed_rows = [_row(r) for r in suite_rows if r["scenario"] == scenario and r["seed"] == seed]
-                if not seed_rows or "BASIN" not in {r.system for r in seed_rows}:
-                    continue
-                head = headline(seed_rows)[0]
+                head = headline(seed_rows)[0] if seed_rows else None
+                if (
+                    head is None
+                    or "BASIN" not in {r.system for r in seed_rows}
+                    or not head["strongest_baseline"]
+                ):
+                    continue  # a run limited by --system may leave BASIN, or every baseline, out
                 margins.append(_number(head["vs_strongest"]))
-                strongest.append(str(head["strongest_baseline"]) or "none")
-            if not margins:
-                continue
-            figure = paper.MARGINS.get((suite, scenario))
-            lines.append(
-                f"| {scenario} | {_span(margins, 2)}× | {states(strongest)} | {_paper_cell(figure)} |"
-            )
+                strongest.append(str(head["strongest_baseline"]))
+            if margins:
+                figure = paper.MARGINS.get((suite, scenario))
+                margin_lines.append(
+                    f"| {scenario} | {_span(margins, 2)}× | {states(strongest)} | {_paper_cell(figure)} |"
+                )
+        if margin_lines:
+            lines += [
+                "",
+                "BASIN over the strongest baseline (per seed, the best of this suite's other systems,"
+                " BASIN variants excluded):",
+                "",
+                "| scenario | BASIN over strongest | strongest (seeds) | paper |",
+                "|---|---|---|---|",
+                *margin_lines,
+            ]
         notes = paper.NOTES.get(suite, ())
         if notes:
             lines += ["", *(f"- Paper: {note}" for note in notes)]

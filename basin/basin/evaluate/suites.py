@@ -297,8 +297,8 @@ def scenario_rows(
     summaries: dict[tuple[str, str], Summary] | None = None,
     shared_prefix: int | None = None,
 ) -> list[Row]:
-    """One scenario's rows, ratios to the first system (BASIN): the unit the seed report farms out, so a
-    worker profiles the scenario once for all its systems."""
+    """One scenario's rows, ratios to full BASIN (NaN when `systems` leaves it out): the unit the seed
+    report farms out, so a worker profiles the scenario once for all its systems."""
     results = []
     for system in systems:
         summary = run_scenario(scenario, system, seed, shared_prefix=shared_prefix)
@@ -307,7 +307,7 @@ def scenario_rows(
         results.append((system, summary))
         if step is not None:
             step()
-    reference = results[0][1].goodput_sessions_per_h
+    reference = next((s.goodput_sessions_per_h for system, s in results if system.name == "BASIN"), math.nan)
     return [
         Row(
             scenario=scenario.name,
@@ -318,7 +318,7 @@ def scenario_rows(
             median_slowdown=s.median_slowdown,
             p90_first_call_wait_s=s.p90_first_call_wait_s,
             label=s.label,
-            relative_to_basin=s.goodput_sessions_per_h / reference if reference else math.nan,
+            relative_to_basin=s.goodput_sessions_per_h / reference if reference > 0 else math.nan,
         )
         for system, s in results
     ]
