@@ -1391,6 +1391,18 @@ def report_command(
         except json.JSONDecodeError as error:
             raise BasinError(f"--from-json: {from_json} is not JSON ({error})") from None
     else:
+        given = {
+            "--shared-prefix": shared_prefix is not None,
+            "--scenario": only_scenarios,
+            "--system": only_systems,
+        }
+        partial = [flag for flag, value in given.items() if value]
+        out_source = click.get_current_context().get_parameter_source("out")
+        if partial and out_source is click.core.ParameterSource.DEFAULT:
+            raise BasinError(
+                f"a report under {' and '.join(partial)} is not the project's; name its --out (the default is"
+                " docs/evaluation.md)"
+            )
         seed_list, suite_list = report.parse_seeds(seeds), report.parse_suites(suites)
         jobs = jobs or os.cpu_count() or 1
         total = report.run_count(suite_list, seed_list, only_scenarios, only_systems)

@@ -120,6 +120,29 @@ def test_bad_input_is_one_line_exit_2(args: list[str], message: str, tmp_path: P
         assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--shared-prefix", "0"],
+        ["--scenario", "1P3D x5 surge"],
+        ["--system", "BASIN", "--system", "Continuum"],
+    ],
+)
+def test_a_partial_report_needs_its_own_out(args: list[str], tmp_path: Path) -> None:
+    """Without --out a one-cell (or shared-prefix) report would overwrite the project's docs/evaluation.md."""
+    (tmp_path / "docs").mkdir()
+    result = subprocess.run(
+        [BASIN, "report", "--suites", "headline", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "is not the project's; name its --out" in result.stderr
+    assert not (tmp_path / "docs" / "evaluation.md").exists()
+
+
 def test_bad_from_json(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"rows": []}))
