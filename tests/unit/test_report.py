@@ -301,6 +301,8 @@ def test_cli_scenario_and_system_limit_the_runs_and_the_report_names_them(
         ("1P3D x5 surge", "BASIN"),
         ("1P3D x5 surge", "Continuum"),
     ]
+    one_seed = report.render(report.payload(both, ["main"], [0]))
+    assert "Seeds 0 (1)" in one_seed and "--seeds 0 " in one_seed
     assert "2.00×" in _line(
         report.render(report.payload(both, ["main"], [0])), "1P3D x5 surge", "Continuum 1/1"
     )

@@ -242,7 +242,7 @@ def render(data: dict) -> str:
     suites = data.get("suites") or list(dict.fromkeys(r["suite"] for r in rows))
     seed_text = (
         f"{min(seeds)}–{max(seeds)}"
-        if seeds == list(range(min(seeds), max(seeds) + 1))
+        if len(seeds) > 1 and seeds == list(range(min(seeds), max(seeds) + 1))
         else ", ".join(map(str, seeds))
     )
     seed_arg = seed_text.replace("–", "-").replace(" ", "")
