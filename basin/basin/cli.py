@@ -1380,8 +1380,14 @@ def report_command(
     for path in (out, json_out):
         if path and path != "-":
             _writable(path)
+    given = {
+        "--shared-prefix": shared_prefix is not None,
+        "--scenario": only_scenarios,
+        "--system": only_systems,
+    }
+    partial = [flag for flag, value in given.items() if value]  # the options that limit or vary the runs
     if from_json:
-        if shared_prefix is not None or only_scenarios or only_systems:
+        if partial:
             raise BasinError(
                 "--shared-prefix, --scenario and --system apply to runs;"
                 " --from-json re-renders the file's own"
@@ -1391,12 +1397,6 @@ def report_command(
         except json.JSONDecodeError as error:
             raise BasinError(f"--from-json: {from_json} is not JSON ({error})") from None
     else:
-        given = {
-            "--shared-prefix": shared_prefix is not None,
-            "--scenario": only_scenarios,
-            "--system": only_systems,
-        }
-        partial = [flag for flag, value in given.items() if value]
         out_source = click.get_current_context().get_parameter_source("out")
         if partial and out_source is click.core.ParameterSource.DEFAULT:
             raise BasinError(

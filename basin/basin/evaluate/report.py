@@ -322,13 +322,11 @@ def render(data: dict) -> str:
             margins, strongest = [], []
             for seed in seeds:
                 seed_rows = [_row(r) for r in suite_rows if r["scenario"] == scenario and r["seed"] == seed]
-                head = headline(seed_rows)[0] if seed_rows else None
-                if (
-                    head is None
-                    or "BASIN" not in {r.system for r in seed_rows}
-                    or not head["strongest_baseline"]
-                ):
-                    continue  # a run limited by --system may leave BASIN, or every baseline, out
+                if not seed_rows or "BASIN" not in {r.system for r in seed_rows}:
+                    continue
+                head = headline(seed_rows)[0]
+                if not head["strongest_baseline"]:
+                    continue  # a run limited by --system may leave every baseline out
                 margins.append(_number(head["vs_strongest"]))
                 strongest.append(str(head["strongest_baseline"]))
             if margins:
