@@ -33,7 +33,7 @@ def test_cuts_only_when_utilisation_is_high_and_reuse_has_fallen() -> None:
     t = _warm_up(policy, hit=0.95, used=950)  # over U_high, reuse healthy: no cut
     assert math.isinf(policy.window)
     low_u = _admitted(10)
-    _warm_up(low_u, hit=0.3, used=500)  # reuse poor, utilisation moderate: no cut
+    _warm_up(low_u, hit=0.3, used=600)  # reuse poor, utilisation under U_high: no cut
     assert math.isinf(low_u.window)
     for _ in range(12):  # reuse falls while utilisation stays high
         actions = policy.on_control(t, telemetry(t, hit=0.2, used=950))
@@ -57,7 +57,7 @@ def test_grows_only_below_the_low_watermark() -> None:
     policy.on_control(t, telemetry(t, hit=0.2, used=950))
     assert policy.window == 5.0
     for k in range(1, 4):  # between the watermarks the window holds
-        policy.on_control(t + 5.0 * k, telemetry(t + 5.0 * k, hit=0.95, used=800))
+        policy.on_control(t + 5.0 * k, telemetry(t + 5.0 * k, hit=0.95, used=600))
     assert policy.window == 5.0
     t += 20.0
     for k in range(3):  # below U_low: +1 per interval; paused agents resume oldest first

@@ -17,8 +17,11 @@ The rule (CONCUR's cache-aware congestion controller, with the port's settings):
   seed there halves a window that no thrashing asked to halve. No hit-rate decision before then.
 Active agents beyond the window pause at their next turn boundary, newest first; below it, paused
 agents resume (oldest first) and then new agents are admitted in arrival order. The window starts
-unlimited. U_low = 0.7 and U_high = 0.9, the step, the halving and the smoothing are our settings: the
-BASIN paper does not list its port's.
+unlimited. The BASIN paper does not list its port's settings. U_high = 0.7 and U_low = 0.5 are fitted to
+the two outcomes it publishes for the port on H200 1P3D (§7.2, §7.5): with a 2x host tier CONCUR keeps
+reuse and 0.52 of BASIN's goodput, GPU-only its hit rate falls before the window contracts and it keeps
+0.24. Our first watermarks, 0.9 and 0.7, cut only after reuse had collapsed on both, and traps with
+HiCache alone (docs/policies.md). The step, the halving and the smoothing are our settings.
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ import math
 from basin.policy.base import Admission, ControlActions, Policy, SessionInfo, Telemetry
 
 HIT_THRESHOLD = 0.7
-U_HIGH = 0.9
-U_LOW = 0.7
+U_HIGH = 0.7
+U_LOW = 0.5
 INCREASE = 1.0
 DECREASE = 0.5
 INTERVAL_S = 5.0
