@@ -333,3 +333,17 @@ def test_committed_reports_are_their_rows_rendered(markdown: str, rows: str) -> 
     docs = Path(__file__).resolve().parents[2] / "docs"
     data = report.check_payload(json.loads((docs / rows).read_text()))
     assert (docs / markdown).read_text() == report.render(data)
+
+
+def test_the_report_names_the_commit_of_its_own_checkout_from_any_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run from a folder outside the checkout (the docs' advice for long runs), the report still names the
+    commit it measured, not `unknown`."""
+    checkout = Path(report.__file__).resolve().parent
+    head = subprocess.run(
+        ["git", "rev-parse", "--short=12", "HEAD"], cwd=checkout, capture_output=True, text=True
+    )
+    assert head.returncode == 0, head.stderr
+    monkeypatch.chdir(tmp_path)
+    assert report.commit().removesuffix("+dirty") == head.stdout.strip()

@@ -132,11 +132,15 @@ def run_count(
 
 
 def commit() -> str:
-    """The commit the report was measured on, `+dirty` when the tree has changes."""
+    """The commit of the checkout this package runs from, `+dirty` when its tree has changes: asked of
+    the package's own folder, not the working directory, which may be any folder or another repository."""
+    here = Path(__file__).resolve().parent
     try:
-        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True)
+        head = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, cwd=here
+        )
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, cwd=here
         )
     except OSError:
         return "unknown"
