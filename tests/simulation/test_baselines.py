@@ -27,8 +27,8 @@ def test_concur_keeps_hicache_goodput_under_healthy_steady_load(seed: int) -> No
     0.85 of the critical rate: the OR rule with a raw first reading cut the window on cold prompts and lost
     46 % on seed 2 (410 vs 761 sessions/h); the AND rule leaves a healthy engine alone. The `steady` suite's
     cells (0.6 and 0.8 of the profiled λc) measured the same, seeds 0-4: CONCUR's goodput equal to HiCache
-    alone's in all ten (534 [517-555] and 706 [685-719] sessions/h), as its cut needs decode KV use above
-    U_high = 0.9 with the smoothed hit rate below 0.7."""
+    alone's in all ten (534 [517-555] and 706 [685-719] sessions/h, with U_high 0.9), as its cut needs decode
+    KV use above U_high with the smoothed hit rate below 0.7, which a healthy engine never shows."""
     hicache, label = _goodput("hicache", "h200-1p3d", 0.85, seed)
     assert label == "healthy"  # the premise: a load HiCache alone sustains
     concur, _ = _goodput("concur", "h200-1p3d", 0.85, seed)
