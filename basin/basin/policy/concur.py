@@ -2,7 +2,7 @@
 inference", arXiv:2601.22705) as the BASIN paper ports it (§7.1, ref. [9]): AIMD on the number of active
 agents, driven by KV-cache utilisation and the prefix hit rate.
 
-The rule (CONCUR's cache-aware congestion controller, with the port's settings):
+The rule (CONCUR's cache-aware congestion controller, with the port's signals):
 - *Cut* (multiplicative decrease, halve the window) only when both signals agree that the cache is
   thrashing: utilisation U > U_high AND the smoothed hit rate has fallen below the hit-rate threshold
   (0.7: the paper raises CONCUR's 0.2 "to place it within the observed range"). High utilisation with
@@ -20,8 +20,9 @@ agents resume (oldest first) and then new agents are admitted in arrival order. 
 unlimited. The BASIN paper does not list its port's settings. U_high = 0.7 and U_low = 0.5 are fitted to
 the two outcomes it publishes for the port on H200 1P3D (§7.2, §7.5): with a 2x host tier CONCUR keeps
 reuse and 0.52 of BASIN's goodput, GPU-only its hit rate falls before the window contracts and it keeps
-0.24. Our first watermarks, 0.9 and 0.7, cut only after reuse had collapsed on both, and traps with
-HiCache alone (docs/policies.md). The step, the halving and the smoothing are our settings.
+0.24. With our first watermarks, 0.9 and 0.7, it cut only after reuse had collapsed and was trapped
+with HiCache alone under the host-tier surge (docs/policies.md). The step, the halving and the
+smoothing are our settings.
 """
 
 from __future__ import annotations
