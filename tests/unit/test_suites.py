@@ -52,6 +52,9 @@ def test_ablation_suite_covers_the_papers_variants() -> None:
     }
     assert names == expected
     assert any(s.host_tier == 0 for s in scenarios) and any(s.host_tier > 0 for s in scenarios)
+    assert any(
+        s.surge_minutes >= 60 and s.host_tier > 0 for s in scenarios
+    )  # §7.9's hour of sustained overload
 
 
 def test_headline_ratios_pick_the_strongest_baseline() -> None:
