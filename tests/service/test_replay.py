@@ -33,8 +33,10 @@ MOONCAKE = str(Path(__file__).parents[1] / "data" / "mooncake_conversation_slice
 @pytest.mark.parametrize(
     ("workload", "rate", "scale", "compare_ttft"),
     [
-        # Mooncake's conversations leave real uncached prefill: a median TTFT of ~0.14 model seconds.
-        (MOONCAKE, "6", "20", True),
+        # Mooncake's conversations leave real uncached prefill: a median TTFT of 0.12 model seconds. The
+        # replay's reads 1.64x that at x5, 1.90x at x10 and 2.10x at x20 (seed 1, one machine): the
+        # client's and server's software time grows with the scale, so x5 keeps it from deciding the test.
+        (MOONCAKE, "6", "5", True),
         # Terminal-Bench-like sessions hit ~92 %: the median TTFT, ~0.05 model seconds, is 2.5 ms of wall
         # time at x20, below what a Python client and server on a shared 2-core machine resolve, so
         # this run checks reuse and completions (at x40, to keep it short).
