@@ -16,7 +16,7 @@ venv: $(BIN)/basin
 
 # The headline comparison: H200 1P3D with a 2x host tier, a x5 surge for 20 minutes from half the critical
 # rate: HiCache alone is trapped, Continuum holds, BASIN leads. The paper's §3 single-engine cache trap is
-# `basin simulate --deployment h100-1p1d --base-rate 3.3 --surge-factor 2 --surge-minutes 10 --seed 3`.
+# `basin simulate --deployment h100-1p1d --base-rate 3.3 --surge-factor 2 --surge-minutes 10 --seed 5`.
 demo: venv
 	mkdir -p out
 	$(BIN)/basin evaluate headline --seed 0 --json out/demo.json --plot out/demo.png

@@ -8,9 +8,9 @@ from functools import cache
 import pytest
 
 from basin.evaluate import Summary
-from basin.evaluate.suites import ABLATION_SCENARIOS
+from basin.evaluate.suites import ABLATION_SCENARIOS, Scenario
 from basin.evaluate.summary import hit_rate_between
-from basin.sim import Simulation, SimulationConfig, get_deployment
+from basin.sim import Simulation, SimulationConfig, SimulationResult, get_deployment
 from basin.sim.policies import build_policy
 from basin.workload import load_workload
 
@@ -20,13 +20,23 @@ SEEDS = [0, *(pytest.param(seed, marks=pytest.mark.slow) for seed in range(1, 5)
 HOST_TIER_SURGE, GPU_ONLY_SURGE = ABLATION_SCENARIOS[:2]
 
 
+def simulate(
+    scenario: Scenario, policy: str, seed: int, prediction: str = "predictor", **config_changes: bool
+) -> tuple[Simulation, SimulationResult]:
+    """One run of a fixed-rate ablation scenario: `policy` with its profile defaults, `config_changes`
+    replacing fields of BASIN's `BasinConfig` (lending, admission, ordering)."""
+    deployment = get_deployment(scenario.deployment, host_tier=scenario.host_tier)
+    pool = load_workload("terminal-bench", seed=seed)
+    agent_policy = build_policy(policy, deployment, pool, seed, prediction)
+    if config_changes:
+        agent_policy.config = dataclasses.replace(agent_policy.config, **config_changes)  # type: ignore[attr-defined]
+    sim = Simulation(SimulationConfig(deployment, scenario.schedule(), seed=seed), agent_policy, pool)
+    return sim, sim.run()
+
+
 @cache
 def run(policy: str, prediction: str = "predictor", seed: int = 0) -> Summary:
-    deployment = get_deployment(HOST_TIER_SURGE.deployment, host_tier=HOST_TIER_SURGE.host_tier)
-    pool = load_workload("terminal-bench", seed=seed)
-    schedule = HOST_TIER_SURGE.schedule()
-    agent_policy = build_policy(policy, deployment, pool, seed, prediction)
-    return Simulation(SimulationConfig(deployment, schedule, seed=seed), agent_policy, pool).run().summary
+    return simulate(HOST_TIER_SURGE, policy, seed, prediction)[1].summary
 
 
 def test_hicache_alone_is_trapped_by_the_surge() -> None:
@@ -65,13 +75,7 @@ def lending_run(lending: bool, seed: int) -> tuple[Summary, float, int]:
     """GPU-only 1P3D, x5 surge from 8/min (about 0.6 of its λc, 12.4-13.3/min), BASIN with lending on or off:
     the summary, the hit rate of prompts that start prefill during the surge, and the number of prompts served
     from a lent unit."""
-    deployment = get_deployment(GPU_ONLY_SURGE.deployment, host_tier=GPU_ONLY_SURGE.host_tier)
-    pool = load_workload("terminal-bench", seed=seed)
-    schedule = GPU_ONLY_SURGE.schedule()
-    policy = build_policy("basin", deployment, pool, seed)
-    policy.config = dataclasses.replace(policy.config, lending=lending)  # type: ignore[attr-defined]
-    sim = Simulation(SimulationConfig(deployment, schedule, seed=seed), policy, pool)
-    result = sim.run()
+    sim, result = simulate(GPU_ONLY_SURGE, "basin", seed, lending=lending)
     records = result.records
     assert records.trigger_s is not None and records.trigger_end_s is not None
     surge_hit = hit_rate_between(records, records.trigger_s, records.trigger_end_s)
@@ -117,12 +121,7 @@ def test_lending_pays_on_average() -> None:
 @cache
 def no_order_run(seed: int) -> tuple[Summary, int]:
     """The main scenario with BASIN's priority order off: the summary and the most sessions parked at once."""
-    deployment = get_deployment(HOST_TIER_SURGE.deployment, host_tier=HOST_TIER_SURGE.host_tier)
-    pool = load_workload("terminal-bench", seed=seed)
-    schedule = HOST_TIER_SURGE.schedule()
-    policy = build_policy("basin", deployment, pool, seed)
-    policy.config = dataclasses.replace(policy.config, ordering=False)  # type: ignore[attr-defined]
-    result = Simulation(SimulationConfig(deployment, schedule, seed=seed), policy, pool).run()
+    result = simulate(HOST_TIER_SURGE, "basin", seed, ordering=False)[1]
     return result.summary, max(sample.parked_sessions for sample in result.records.samples)
 
 
@@ -201,15 +200,8 @@ def sustained_run(policy: str, admission: bool = True, seed: int = 0) -> tuple[S
     """An hour of sustained overload (x4.5 of 9/min, about 2.2 λc, minutes 15-75, 2x host tier): the
     summary, and the mean active sessions and prefill backlog (tokens) over minutes 60-75, the window
     where the paper reports them."""
-    scenario = SUSTAINED_OVERLOAD
-    deployment = get_deployment(scenario.deployment, host_tier=scenario.host_tier)
-    pool = load_workload("terminal-bench", seed=seed)
-    agent_policy = build_policy(policy, deployment, pool, seed)
-    if not admission:
-        agent_policy.config = dataclasses.replace(agent_policy.config, admission=False)  # type: ignore[attr-defined]
-    result = Simulation(
-        SimulationConfig(deployment, scenario.schedule(), seed=seed), agent_policy, pool
-    ).run()
+    changes = {} if admission else {"admission": False}
+    result = simulate(SUSTAINED_OVERLOAD, policy, seed, **changes)[1]
     window = [s for s in result.records.samples if 60 * 60 <= s.t < 75 * 60]
     active = sum(s.active_sessions for s in window) / len(window)
     backlog = sum(s.prefill_backlog_tokens or 0 for s in window) / len(window)
