@@ -1229,7 +1229,9 @@ def _analyze_grid(seed: int, as_json: bool) -> None:
 @cli.command("evaluate")
 @click.argument(
     "suite",
-    type=click.Choice(["headline", "main", "surge-sweep", "steady", "post-surge", "late", "ablation"]),
+    type=click.Choice(
+        ["headline", "main", "surge-sweep", "steady", "post-surge", "late", "ablation", "sensitivity"]
+    ),
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the workload and the runs.")
 @click.option(
@@ -1248,11 +1250,19 @@ def _analyze_grid(seed: int, as_json: bool) -> None:
 )
 def evaluate_command(suite: str, seed: int, json_out: str | None, plot_out: str | None) -> None:
     """Run an evaluation suite: headline (the demo), main (paper §7.3: seven systems, six scenarios),
-    surge-sweep, steady, post-surge, late, or ablation (§7.8), on one seed. `basin report` runs suites
-    over several seeds beside the paper's figures."""
+    surge-sweep, steady, post-surge, late, ablation (§7.8), or sensitivity (§7.9: one controller parameter
+    set lower or higher at a time), on one seed. `basin report` runs suites over several seeds beside the
+    paper's figures."""
     from rich.table import Table
 
-    from basin.evaluate.suites import SUITES, headline, plot_suite, plot_timeseries, run_suite
+    from basin.evaluate.suites import (
+        SUITES,
+        headline,
+        plot_suite,
+        plot_timeseries,
+        run_suite,
+        sensitivity_spread,
+    )
 
     for path in (json_out, plot_out):
         if path and path != "-":
@@ -1300,12 +1310,16 @@ def evaluate_command(suite: str, seed: int, json_out: str | None, plot_out: str 
         )
     _console().print(table)
     for head in heads:
+        if not head["strongest_baseline"]:
+            continue  # the sensitivity suite runs BASIN's variants only
         hicache = head["vs_hicache"]
         versus = "HiCache alone completed none" if math.isnan(hicache) else f"{hicache:.2f}x HiCache alone"
         click.echo(
             f"{head['scenario']}: BASIN {head['vs_strongest']:.2f}x the strongest baseline"
             f" ({head['strongest_baseline']}), {versus}"
         )
+    if spread := sensitivity_spread(rows):
+        click.echo(spread.text())
 
 
 @cli.command("report")
@@ -1314,7 +1328,8 @@ def evaluate_command(suite: str, seed: int, json_out: str | None, plot_out: str 
     "--suites",
     default="all",
     show_default=True,
-    help="all, or a comma list of headline, main, surge-sweep, steady, post-surge, late, ablation.",
+    help="all, or a comma list of headline, main, surge-sweep, steady, post-surge, late, ablation,"
+    " sensitivity.",
 )
 @click.option(
     "--scenario",

@@ -232,4 +232,12 @@ NOTES: dict[str, tuple[str, ...]] = {
         "Fig. 23 gives each variant as a range over several triggers (×5, ×6, ×8, 40-minute, late, GPU-only);"
         " each range is shown on every scenario of that kind. Baselines are not in Fig. 23.",
     ),
+    "sensitivity": (
+        "Fig. 24a (§7.9, five ablation triggers and an hour of sustained overload, five seeds): m has no"
+        " effect (the capacity term sets B0); each α changes goodput by at most 8 %; Δ 15 s up to 1.17×"
+        " under sustained overload and −6 % under the ×8 surge, 60 s up to −4 %; φ 0.97–1.07×; T_s 7.5 min"
+        " up to 1.07× under sustained overload, 30 min 0.93×; r 10 +7–33 % (p99 first-call wait +19–43 %),"
+        " r 100 0.80–0.96×; the [0.25, 4] budget range up to −16 % under sustained overload, 90-minute"
+        " context smoothing up to −12 % under the ×8 surge, doubled budget steps up to −7 % on 1P1D.",
+    ),
 }

@@ -22,7 +22,7 @@ import numpy as np
 
 from basin.errors import BasinError
 from basin.evaluate import paper
-from basin.evaluate.suites import SUITES, Row, headline, scenario_rows
+from basin.evaluate.suites import SUITES, Row, headline, scenario_rows, sensitivity_spread
 
 SCHEMA = 1
 
@@ -348,6 +348,8 @@ def render(data: dict) -> str:
                 "|---|---|---|---|",
                 *margin_lines,
             ]
+        if spread := sensitivity_spread([_row(r) for r in suite_rows]):
+            lines += ["", f"Spread: {spread.text()}."]
         notes = paper.NOTES.get(suite, ())
         if notes:
             lines += ["", *(f"- Paper: {note}" for note in notes)]

@@ -17,6 +17,8 @@ alone is trapped (Crossflow's borrowing is an engine mode and runs from the star
 lending — lending alone, and the arrival-time controller, against full BASIN, Continuum and HiCache
 alone, on cache-first 1P3D scenarios: the x5 surge with the host tier and GPU-only, a 40-minute x3 surge,
 and an hour of sustained overload.
+`sensitivity` (§7.9, Fig. 24a): BASIN with one controller parameter set lower or higher, on the ablation
+suite's scenarios.
 """
 
 from __future__ import annotations
@@ -73,9 +75,11 @@ class Scenario:
 
 @dataclass(frozen=True)
 class System:
+    """`config_changes` replace fields of `BasinConfig` (an ablation switch, or a parameter's value)."""
+
     name: str
     policy: str
-    config_changes: tuple[tuple[str, bool], ...] = ()
+    config_changes: tuple[tuple[str, bool | float | tuple[float, float]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,81 @@ ABLATION_SYSTEMS = (
     System("Crossflow", "crossflow"),
     System("HiCache alone", "hicache"),
 )
+# Fig. 24a (§7.9): each controller parameter of §6.6 set lower and higher, one at a time, at the values the
+# figure's caption gives (Δ 15/60 s, m 0.7/1.0, α 0.5-0.7/0.95-1 for the three thresholds, φ 0.3/0.7,
+# T_s 7.5/30 min, r 10/100 tokens/s), and the three implementation settings the text names with a value: the
+# [0.25, 4] budget range, 90-minute context smoothing and doubled budget steps. Variants are named
+# "BASIN <setting>", so the margin over the strongest baseline leaves them out.
+SENSITIVITY_SYSTEMS = (
+    System("BASIN", "basin"),
+    *(
+        System(f"BASIN {label}", "basin", ((field, value),))
+        for label, field, value in (
+            ("Δ 15 s", "interval_s", 15.0),
+            ("Δ 60 s", "interval_s", 60.0),
+            ("m 0.7", "margin", 0.7),
+            ("m 1.0", "margin", 1.0),
+            ("α_L 0.6", "alpha_lend", 0.6),
+            ("α_L 0.95", "alpha_lend", 0.95),
+            ("α_O 0.7", "alpha_order", 0.7),
+            ("α_O 1.0", "alpha_order", 1.0),
+            ("α_R 0.6", "alpha_release", 0.6),
+            ("α_R 0.95", "alpha_release", 0.95),
+            ("φ 0.3", "lend_cap", 0.3),
+            ("φ 0.7", "lend_cap", 0.7),
+            ("T_s 7.5 min", "shed_after_s", 450.0),
+            ("T_s 30 min", "shed_after_s", 1800.0),
+            ("r 10", "priority_rate", 10.0),
+            ("r 100", "priority_rate", 100.0),
+            ("budget range [0.25, 4]", "budget_range", (0.25, 4.0)),
+            ("context smoothing 90 min", "context_smoothing_s", 5400.0),
+            ("budget step x2", "budget_step", 0.10),
+        )
+    ),
+)
+SENSITIVITY_WITHIN = 0.03  # the paper's measure: the share of variant-scenario pairs within 3 % of BASIN
+
+
+@dataclass(frozen=True)
+class SensitivitySpread:
+    """Over every variant-scenario pair of the sensitivity suite (goodput relative to BASIN, the mean over
+    seeds): what §7.9 reports for Fig. 24a (204 pairs, 81 % within 3 %, median change 0.5 %, 0.80-1.33)."""
+
+    pairs: int
+    within: float  # share of pairs within SENSITIVITY_WITHIN of BASIN
+    median_change: float  # median |ratio - 1|
+    low: float
+    high: float
+
+    def text(self) -> str:
+        return (
+            f"{self.pairs} variant-scenario pairs: {self.within:.0%} within 3 % of BASIN's goodput, median"
+            f" change {self.median_change:.1%}, ratios {self.low:.2f}-{self.high:.2f} (paper §7.9: 204 pairs,"
+            " 81 %, 0.5 %, 0.80-1.33)"
+        )
+
+
+def sensitivity_spread(rows: list[Row]) -> SensitivitySpread | None:
+    """The spread of the rows' "BASIN <setting>" variants around BASIN; None when there are none."""
+    import numpy as np
+
+    pairs: dict[tuple[str, str], list[float]] = {}
+    for row in rows:
+        if row.system.startswith("BASIN ") and math.isfinite(row.relative_to_basin):
+            pairs.setdefault((row.scenario, row.system), []).append(row.relative_to_basin)
+    if not pairs:
+        return None
+    ratios = np.array([np.mean(values) for values in pairs.values()])
+    change = np.abs(ratios - 1.0)
+    return SensitivitySpread(
+        pairs=len(ratios),
+        within=float(np.mean(change <= SENSITIVITY_WITHIN)),
+        median_change=float(np.median(change)),
+        low=float(ratios.min()),
+        high=float(ratios.max()),
+    )
+
+
 MAIN_SCENARIOS = tuple(
     Scenario(
         f"{preset[-4:].upper()} {label}",
@@ -213,6 +292,7 @@ SUITES = {
     "post-surge": (POST_SURGE_SCENARIOS, MAIN_SYSTEMS),
     "late": (LATE_SCENARIOS, MAIN_SYSTEMS),
     "ablation": (ABLATION_SCENARIOS, ABLATION_SYSTEMS),
+    "sensitivity": (ABLATION_SCENARIOS, SENSITIVITY_SYSTEMS),
 }
 
 
@@ -368,7 +448,7 @@ def headline(rows: list[Row]) -> list[dict[str, float | str]]:
         baselines = {
             k: v
             for k, v in group.items()
-            if k != "BASIN" and not k.startswith("without") and k not in variants
+            if k != "BASIN" and not k.startswith(("without", "BASIN ")) and k not in variants
         }
         strongest = max(baselines, key=baselines.__getitem__) if baselines else ""
         out.append(
