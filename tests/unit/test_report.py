@@ -80,6 +80,25 @@ def test_render_cells_states_margins_and_paper(data: dict) -> None:
     assert "Paper: Fig. 14" in text
 
 
+def test_render_gives_the_sensitivity_spread_and_no_margin(data: dict) -> None:
+    """The sensitivity suite's variants are BASIN's, so there is no baseline to lead: the report gives the
+    spread of the variants around BASIN (pooled over seeds per pair) beside §7.9's, and no margin table."""
+    rows = []
+    for seed, (fast, slow) in enumerate([(1.02, 0.90), (1.06, 0.94)]):
+        rows += [
+            {**_row(seed, "BASIN", 900, "healthy"), "suite": "sensitivity", "relative_to_basin": 1.0},
+            {**_row(seed, "BASIN Δ 15 s", 900 * fast, "healthy"), "suite": "sensitivity"},
+            {**_row(seed, "BASIN Δ 60 s", 900 * slow, "healthy"), "suite": "sensitivity"},
+        ]
+        rows[-2]["relative_to_basin"], rows[-1]["relative_to_basin"] = fast, slow
+    text = report.render({**data, "suites": ["sensitivity"], "seeds": [0, 1], "rows": rows})
+    assert "| BASIN Δ 15 s | 936 [918–954] |" in text
+    assert "Spread: 2 variant–scenario pairs: 0 % within 3 %" in text  # means 1.04 and 0.92
+    assert "median change 6.0 %, ratios 0.92–1.04" in text
+    assert "BASIN over the strongest baseline" not in text
+    assert "Paper: Fig. 24a" in text
+
+
 def test_from_json_round_trip(data: dict, tmp_path: Path) -> None:
     source = tmp_path / "rows.json"
     source.write_text(json.dumps(data))

@@ -57,6 +57,57 @@ def test_ablation_suite_covers_the_papers_variants() -> None:
     )  # §7.9's hour of sustained overload
 
 
+def test_sensitivity_suite_sets_each_parameter_of_fig_24a_lower_and_higher() -> None:
+    """Fig. 24a's caption: Δ, m, the three α, φ, T_s and r each set below and above the §6.6 default, one at
+    a time, on the ablation scenarios; every variant is a valid BasinConfig."""
+    from basin.policy import BasinConfig
+
+    scenarios, systems = suites.SUITES["sensitivity"]
+    assert scenarios == suites.SUITES["ablation"][0]
+    assert systems[0] == System("BASIN", "basin")
+    default = BasinConfig()
+    sides: dict[str, set[str]] = {}
+    for system in systems[1:]:
+        assert system.name.startswith("BASIN ") and system.policy == "basin"
+        ((field, value),) = system.config_changes
+        BasinConfig(**{field: value})  # raises on a value out of range
+        base = getattr(default, field)
+        assert value != base, system.name
+        if isinstance(value, float):
+            sides.setdefault(field, set()).add("lower" if value < base else "higher")
+    for field in ("interval_s", "margin", "alpha_lend", "alpha_order", "alpha_release", "lend_cap"):
+        assert sides[field] == {"lower", "higher"}, field
+    for field in ("shed_after_s", "priority_rate"):
+        assert sides[field] == {"lower", "higher"}, field
+
+
+def test_sensitivity_spread_pools_seeds_per_pair_and_leaves_baselines_out() -> None:
+    from basin.evaluate.suites import Row, headline, sensitivity_spread
+
+    def row(scenario: str, system: str, ratio: float) -> Row:
+        return Row(scenario, system, 900 * ratio, 1, 0, 1, 1, "healthy", ratio)
+
+    rows = [
+        row("a", "BASIN", 1.0),
+        row("a", "BASIN Δ 15 s", 1.02),
+        row("a", "BASIN Δ 15 s", 1.06),  # a second seed: the pair's mean is 1.04, outside 3 %
+        row("a", "BASIN r 100", 0.99),
+        row("b", "BASIN Δ 15 s", 0.80),
+        row("b", "BASIN r 100", 1.01),
+        row("b", "Continuum", 0.5),  # not a variant
+    ]
+    spread = sensitivity_spread(rows)
+    assert spread is not None
+    assert spread.pairs == 4
+    assert spread.within == 0.5  # 0.99 and 1.01
+    assert spread.median_change == pytest.approx(0.025)  # changes 0.01, 0.01, 0.04, 0.20
+    assert (spread.low, spread.high) == (pytest.approx(0.80), pytest.approx(1.04))
+    assert "4 variant–scenario pairs: 50 % within 3 %" in spread.text()
+    assert sensitivity_spread([row("a", "BASIN", 1.0), row("a", "Continuum", 0.5)]) is None
+    # Variants never count as the strongest baseline: here there is none.
+    assert all(not head["strongest_baseline"] for head in headline([r for r in rows if r.scenario == "a"]))
+
+
 def test_headline_ratios_pick_the_strongest_baseline() -> None:
     from basin.evaluate.suites import Row, headline
 

@@ -175,9 +175,9 @@ class SensitivitySpread:
 
     def text(self) -> str:
         return (
-            f"{self.pairs} variant-scenario pairs: {self.within:.0%} within 3 % of BASIN's goodput, median"
-            f" change {self.median_change:.1%}, ratios {self.low:.2f}-{self.high:.2f} (paper §7.9: 204 pairs,"
-            " 81 %, 0.5 %, 0.80-1.33)"
+            f"{self.pairs} variant–scenario pairs: {100 * self.within:.0f} % within 3 % of BASIN's goodput,"
+            f" median change {100 * self.median_change:.1f} %, ratios {self.low:.2f}–{self.high:.2f} (paper"
+            " §7.9: 204 pairs, 81 %, 0.5 %, 0.80–1.33)"
         )
 
 
