@@ -219,3 +219,20 @@ def test_a_shared_prefix_reaches_the_profile_and_every_session(monkeypatch: pyte
         suites.run_scenario(scenario, suites.System("HiCache alone", "hicache"), 0)
     # Without the option the workload keeps its own prefix (Terminal-Bench's 8K; all of a short first prompt).
     assert seen["profiled_with"] is None and max(seen["shared"]) == 8192
+
+
+def test_evaluate_sensitivity_prints_the_spread_and_no_margin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`basin evaluate sensitivity` on a reduced scenario: the variants' spread after the table, and no
+    "strongest baseline" line, since every system is BASIN."""
+    from click.testing import CliRunner
+
+    from basin.cli import cli
+
+    scenario = Scenario("1P1D light", "h100-1p1d", 0.0, 1.5, 2.0, 5.0, surge_start_min=5.0, duration_min=40.0)
+    systems = (System("BASIN", "basin"), System("BASIN r 100", "basin", (("priority_rate", 100.0),)))
+    monkeypatch.setitem(suites.SUITES, "sensitivity", ((scenario,), systems))
+    monkeypatch.setattr(suites, "profile_for", lambda *args: (1.0, 3.3))  # no ramps: a fixed-rate scenario
+    result = CliRunner().invoke(cli, ["evaluate", "sensitivity"])
+    assert result.exit_code == 0, result.output
+    assert "1 variant–scenario pairs:" in result.output and "(paper §7.9: 204 pairs" in result.output
+    assert "strongest baseline" not in result.output
