@@ -75,9 +75,16 @@ def test_sensitivity_suite_sets_each_parameter_of_fig_24a_lower_and_higher() -> 
         assert value != base, system.name
         if isinstance(value, float):
             sides.setdefault(field, set()).add("lower" if value < base else "higher")
-    for field in ("interval_s", "margin", "alpha_lend", "alpha_order", "alpha_release", "lend_cap"):
-        assert sides[field] == {"lower", "higher"}, field
-    for field in ("shed_after_s", "priority_rate"):
+    for field in (
+        "interval_s",
+        "margin",
+        "alpha_lend",
+        "alpha_order",
+        "alpha_release",
+        "lend_cap",
+        "shed_after_s",
+        "priority_rate",
+    ):
         assert sides[field] == {"lower", "higher"}, field
 
 

@@ -131,11 +131,12 @@ ABLATION_SYSTEMS = (
 # figure's caption gives (Δ 15/60 s, m 0.7/1.0, α 0.5-0.7/0.95-1 for the three thresholds, φ 0.3/0.7,
 # T_s 7.5/30 min, r 10/100 tokens/s), and the three implementation settings the text names with a value: the
 # [0.25, 4] budget range, 90-minute context smoothing and doubled budget steps. Variants are named
-# "BASIN <setting>", so the margin over the strongest baseline leaves them out.
+# "BASIN <setting>" (VARIANT_PREFIX), so the margin over the strongest baseline leaves them out.
+VARIANT_PREFIX = "BASIN "
 SENSITIVITY_SYSTEMS = (
     System("BASIN", "basin"),
     *(
-        System(f"BASIN {label}", "basin", ((field, value),))
+        System(f"{VARIANT_PREFIX}{label}", "basin", ((field, value),))
         for label, field, value in (
             ("Δ 15 s", "interval_s", 15.0),
             ("Δ 60 s", "interval_s", 60.0),
@@ -175,7 +176,8 @@ class SensitivitySpread:
 
     def text(self) -> str:
         return (
-            f"{self.pairs} variant–scenario pairs: {100 * self.within:.0f} % within 3 % of BASIN's goodput,"
+            f"{self.pairs} variant–scenario pairs: {100 * self.within:.0f} % within"
+            f" {100 * SENSITIVITY_WITHIN:.0f} % of BASIN's goodput,"
             f" median change {100 * self.median_change:.1f} %, ratios {self.low:.2f}–{self.high:.2f} (paper"
             " §7.9: 204 pairs, 81 %, 0.5 %, 0.80–1.33)"
         )
@@ -187,7 +189,7 @@ def sensitivity_spread(rows: list[Row]) -> SensitivitySpread | None:
 
     pairs: dict[tuple[str, str], list[float]] = {}
     for row in rows:
-        if row.system.startswith("BASIN ") and math.isfinite(row.relative_to_basin):
+        if row.system.startswith(VARIANT_PREFIX) and math.isfinite(row.relative_to_basin):
             pairs.setdefault((row.scenario, row.system), []).append(row.relative_to_basin)
     if not pairs:
         return None
@@ -448,7 +450,7 @@ def headline(rows: list[Row]) -> list[dict[str, float | str]]:
         baselines = {
             k: v
             for k, v in group.items()
-            if k != "BASIN" and not k.startswith(("without", "BASIN ")) and k not in variants
+            if k != "BASIN" and not k.startswith(("without", VARIANT_PREFIX)) and k not in variants
         }
         strongest = max(baselines, key=baselines.__getitem__) if baselines else ""
         out.append(
