@@ -59,7 +59,8 @@ def test_ablation_suite_covers_the_papers_variants() -> None:
 
 def test_sensitivity_suite_sets_each_parameter_of_fig_24a_lower_and_higher() -> None:
     """Fig. 24a's caption: Δ, m, the three α, φ, T_s and r each set below and above the §6.6 default, one at
-    a time, on the ablation scenarios; every variant is a valid BasinConfig."""
+    a time, on the ablation scenarios, and so is each implementation setting; every variant is a valid
+    BasinConfig."""
     from basin.policy import BasinConfig
 
     scenarios, systems = suites.SUITES["sensitivity"]
@@ -84,8 +85,19 @@ def test_sensitivity_suite_sets_each_parameter_of_fig_24a_lower_and_higher() -> 
         "lend_cap",
         "shed_after_s",
         "priority_rate",
+        "context_smoothing_s",
+        "budget_step",
+        "cooldown_s",
+        "backlog_persist_s",
+        "backlog_tokens_s",
+        "plateau_tolerance",
+        "deteriorated_drop",
+        "arrival_window_s",
+        "decode_spare",
     ):
         assert sides[field] == {"lower", "higher"}, field
+    ranges = {v for s in systems[1:] for f, v in s.config_changes if f == "budget_range"}
+    assert ranges == {(0.25, 4.0), (0.5, 2.0)}  # the paper's wide one; the narrow one policies.md rejects
 
 
 def test_sensitivity_spread_pools_seeds_per_pair_and_leaves_baselines_out() -> None:

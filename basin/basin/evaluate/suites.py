@@ -129,8 +129,11 @@ ABLATION_SYSTEMS = (
 )
 # Fig. 24a (§7.9): each controller parameter of §6.6 set lower and higher, one at a time, at the values the
 # figure's caption gives (Δ 15/60 s, m 0.7/1.0, α 0.5-0.7/0.95-1 for the three thresholds, φ 0.3/0.7,
-# T_s 7.5/30 min, r 10/100 tokens/s), and the three implementation settings the text names with a value: the
-# [0.25, 4] budget range, 90-minute context smoothing and doubled budget steps. Variants are named
+# T_s 7.5/30 min, r 10/100 tokens/s), the three implementation settings the text names with a value (the
+# [0.25, 4] budget range, 90-minute context smoothing, doubled budget steps), and, at half and twice our
+# value, the implementation settings it names without one (§6.6: cool-down, backlog persistence, lending
+# headroom) and those of ours it cannot name (backlog threshold, plateau tolerance, deterioration drop,
+# arrival window), with the [0.5, 2] range docs/policies.md argues against. Variants are named
 # "BASIN <setting>" (VARIANT_PREFIX), so the margin over the strongest baseline leaves them out.
 VARIANT_PREFIX = "BASIN "
 SENSITIVITY_SYSTEMS = (
@@ -155,8 +158,25 @@ SENSITIVITY_SYSTEMS = (
             ("r 10", "priority_rate", 10.0),
             ("r 100", "priority_rate", 100.0),
             ("budget range [0.25, 4]", "budget_range", (0.25, 4.0)),
+            ("budget range [0.5, 2]", "budget_range", (0.5, 2.0)),
+            ("context smoothing 15 min", "context_smoothing_s", 900.0),
             ("context smoothing 90 min", "context_smoothing_s", 5400.0),
+            ("budget step x0.5", "budget_step", 0.025),
             ("budget step x2", "budget_step", 0.10),
+            ("cool-down 30 s", "cooldown_s", 30.0),
+            ("cool-down 120 s", "cooldown_s", 120.0),
+            ("backlog persistence 5 s", "backlog_persist_s", 5.0),
+            ("backlog persistence 20 s", "backlog_persist_s", 20.0),
+            ("backlog threshold 1 s", "backlog_tokens_s", 1.0),
+            ("backlog threshold 4 s", "backlog_tokens_s", 4.0),
+            ("plateau tolerance 0.01", "plateau_tolerance", 0.01),
+            ("plateau tolerance 0.04", "plateau_tolerance", 0.04),
+            ("deterioration drop 0.025", "deteriorated_drop", 0.025),
+            ("deterioration drop 0.10", "deteriorated_drop", 0.10),
+            ("arrival window 30 min", "arrival_window_s", 1800.0),
+            ("arrival window 120 min", "arrival_window_s", 7200.0),
+            ("decode spare 0.7", "decode_spare", 0.7),
+            ("decode spare 0.9", "decode_spare", 0.9),
         )
     ),
 )
