@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -199,9 +198,7 @@ def test_small_real_run(monkeypatch: pytest.MonkeyPatch) -> None:
     systems = (System("BASIN", "basin"), System("HiCache alone", "hicache"))
     monkeypatch.setitem(suites.SUITES, "tiny", ((scenario,), systems))
     advanced: list[int] = []
-    start = time.monotonic()
     rows = report.run_report(["tiny"], [0, 1], jobs=1, advance=advanced.append)
-    assert time.monotonic() - start < 300
     assert report.run_count(["tiny"], [0, 1]) == 4 == sum(advanced) == len(rows)
     order = [(r["seed"], r["system"]) for r in rows]
     assert order == [(0, "BASIN"), (0, "HiCache alone"), (1, "BASIN"), (1, "HiCache alone")]
