@@ -131,10 +131,10 @@ ABLATION_SYSTEMS = (
 # figure's caption gives (Δ 15/60 s, m 0.7/1.0, α 0.5-0.7/0.95-1 for the three thresholds, φ 0.3/0.7,
 # T_s 7.5/30 min, r 10/100 tokens/s), the three implementation settings the text names with a value (the
 # [0.25, 4] budget range, 90-minute context smoothing, doubled budget steps), and, at half and twice our
-# value, the implementation settings it names without one (§6.6: cool-down, backlog persistence, lending
-# headroom) and those of ours it cannot name (backlog threshold, plateau tolerance, deterioration drop,
-# arrival window), with the [0.5, 2] range docs/policies.md argues against. Variants are named
-# "BASIN <setting>" (VARIANT_PREFIX), so the margin over the strongest baseline leaves them out.
+# value, the implementation settings it names without one (§6.6: the fast interval, cool-down, backlog
+# persistence, lending headroom) and those of ours it cannot name (backlog threshold, plateau tolerance,
+# deterioration drop, arrival window), with the [0.5, 2] range docs/policies.md argues against. Variants are
+# named "BASIN <setting>" (VARIANT_PREFIX), so the margin over the strongest baseline leaves them out.
 VARIANT_PREFIX = "BASIN "
 SENSITIVITY_SYSTEMS = (
     System("BASIN", "basin"),
@@ -163,6 +163,8 @@ SENSITIVITY_SYSTEMS = (
             ("context smoothing 90 min", "context_smoothing_s", 5400.0),
             ("budget step x0.5", "budget_step", 0.025),
             ("budget step x2", "budget_step", 0.10),
+            ("fast Δ 2.5 s", "fast_interval_s", 2.5),
+            ("fast Δ 10 s", "fast_interval_s", 10.0),
             ("cool-down 30 s", "cooldown_s", 30.0),
             ("cool-down 120 s", "cooldown_s", 120.0),
             ("backlog persistence 5 s", "backlog_persist_s", 5.0),
