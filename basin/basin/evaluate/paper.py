@@ -240,6 +240,6 @@ NOTES: dict[str, tuple[str, ...]] = {
         " r 100 0.80–0.96×; the [0.25, 4] budget range up to −16 % under sustained overload, 90-minute"
         " context smoothing up to −12 % under the ×8 surge, doubled budget steps up to −7 % on 1P1D; the"
         " other implementation settings (cool-down, backlog persistence, reopening, lending headroom) stay"
-        " within 0.96–1.03, values unpublished (ours: half and twice each of our settings).",
+        " within 0.96–1.03, values unpublished (ours: each of our settings lower and higher).",
     ),
 }
