@@ -322,6 +322,10 @@ SUITES = {
 
 _PROFILES: dict[tuple[str, float, float, int, int | None], tuple[float, float]] = {}
 PROFILE_RAMPS = 2
+# Sixteen steps, not `profile_simulated`'s eight: λc is the departure rate at the last step before the
+# one that tips, so eight steps 20 % of the fluid peak apart can land it a whole step low (1P1D tools ×3
+# seed 3: 10.54 with eight, 12.05 with sixteen), which decides HiCache alone's draw there (docs/simulator.md).
+PROFILE_STEPS = 16
 
 
 def profile_for(scenario: Scenario, seed: int, shared_prefix: int | None = None) -> tuple[float, float]:
@@ -333,6 +337,7 @@ def profile_for(scenario: Scenario, seed: int, shared_prefix: int | None = None)
         profile = profile_simulated(
             scenario.deployment,
             ramps=PROFILE_RAMPS,
+            steps=PROFILE_STEPS,
             host_tier=scenario.host_tier,
             seed=seed,
             tool_time_scale=scenario.tool_time_scale,
