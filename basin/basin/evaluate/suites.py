@@ -323,8 +323,9 @@ SUITES = {
 _PROFILES: dict[tuple[str, float, float, int, int | None], tuple[float, float]] = {}
 PROFILE_RAMPS = 2
 # Sixteen steps, not `profile_simulated`'s eight: λc is the departure rate at the last step before the
-# one that tips, so eight steps 20 % of the fluid peak apart can land it a whole step low (1P1D tools ×3
-# seed 3: 10.54 with eight, 12.05 with sixteen), which decides HiCache alone's draw there (docs/simulator.md).
+# one that tips, so eight steps 23 % of the fluid peak apart (sixteen: 11 %) can land it a whole step low
+# (1P1D tools ×3 seed 3: 10.54 with eight, 12.05 with sixteen), which decides HiCache alone's draw there
+# (docs/simulator.md).
 PROFILE_STEPS = 16
 
 
